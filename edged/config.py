@@ -1,0 +1,366 @@
+"""The one configuration schema (pydantic, strict), YAML loading, and errors as `file:line key=value: msg`."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from edged.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.yaml")
+DEFAULT_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
+
+
+class Strict(BaseModel):
+    """Base for every config section: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CameraSourceConfig(Strict):
+    """OpenCV VideoCapture source: a device, a video file, a stream URL or a GStreamer pipeline."""
+
+    type: Literal["camera"] = Field(description="Source type key.")
+    uri: str | int = Field(
+        description="Device index (0), /dev/videoN, a video file, rtsp:// or http:// URL, or a GStreamer "
+        "pipeline ending in appsink."
+    )
+    fps: float = Field(
+        0.0,
+        ge=0,
+        description="Target frames/s. 0 = as fast as the model goes (a file is then read at model pace, "
+        "nothing dropped; a live source still delivers the latest frame).",
+    )
+    loop: bool = Field(False, description="Start a video file again at its end instead of reconnecting.")
+    width: int | None = Field(None, gt=0, description="Resolution to request from a camera (width).")
+    height: int | None = Field(None, gt=0, description="Resolution to request from a camera (height).")
+    reconnect_min_s: float = Field(0.5, gt=0, description="First reconnect delay after a failure.")
+    reconnect_max_s: float = Field(30.0, gt=0, description="Cap of the exponential reconnect delay.")
+    stop_at_end: bool = Field(
+        False,
+        description="A video file that ends stops this pipeline instead of being reopened "
+        "(used by `edged demo` and batch jobs).",
+    )
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> CameraSourceConfig:
+        if self.reconnect_max_s < self.reconnect_min_s:
+            raise ValueError("reconnect_max_s must be >= reconnect_min_s")
+        return self
+
+
+class ModelConfig(Strict):
+    """The ONNX model and how ONNX Runtime runs it."""
+
+    path: Path = Field(description="The .onnx file (relative paths are relative to the config file).")
+    providers: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_PROVIDERS),
+        min_length=1,
+        description="Execution providers in order of preference; intersected with what the runtime offers.",
+    )
+    require_provider: bool = Field(
+        False, description="Fail at startup instead of warning when the first provider is not used."
+    )
+    threads: int = Field(0, ge=0, description="intra_op threads; 0 lets ONNX Runtime decide.")
+    inter_op_threads: int = Field(0, ge=0, description="inter_op threads; 0 lets ONNX Runtime decide.")
+    warmup_runs: int = Field(2, ge=0, description="Runs on a blank input before the pipeline is ready.")
+    cuda_device_id: int = Field(0, ge=0, description="GPU index for CUDA and TensorRT.")
+    trt_engine_cache_dir: Path | None = Field(None, description="TensorRT engine cache; default <state_dir>/trt-cache.")
+    trt_fp16: bool = Field(True, description="Let TensorRT use fp16 kernels.")
+    trt_int8: bool = Field(True, description="Let TensorRT use int8 kernels (QDQ models).")
+    provider_options: dict[str, dict[str, str | int | float | bool]] = Field(
+        default_factory=dict, description="Extra options per provider, passed through as given."
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _model_exists(cls, value: Path, info: ValidationInfo) -> Path:
+        base = (info.context or {}).get("base_dir")
+        path = value.expanduser()
+        if not path.is_absolute() and base is not None:
+            path = Path(base) / path
+        if not path.exists():
+            raise ValueError(f"model file not found: {path}; check model.path")
+        if not path.is_file():
+            raise ValueError(f"model path is not a file: {path}")
+        return path
+
+    @field_validator("providers")
+    @classmethod
+    def _known_providers(cls, value: list[str]) -> list[str]:
+        known = _known_provider_names()
+        for name in value:
+            if name not in known:
+                close = [k for k in known if k.lower().startswith(name.lower()[:4])]
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise ValueError(f"unknown execution provider {name!r}{hint}; known: {', '.join(sorted(known))}")
+        return value
+
+
+class PreprocessConfig(Strict):
+    """How a frame becomes the model's input tensor. Omitted keys come from the model's metadata."""
+
+    size: tuple[int, int] | None = Field(None, description="[width, height] of the model input.")
+    resize: Literal["stretch", "letterbox"] | None = Field(None, description="How to fit the frame.")
+    color: Literal["rgb", "bgr", "gray"] | None = Field(None, description="Channel order fed to the model.")
+    layout: Literal["nchw", "nhwc"] | None = Field(None, description="Tensor layout.")
+    dtype: Literal["float32", "float16", "uint8", "int8"] | None = Field(None, description="Tensor dtype.")
+    scale: float | None = Field(None, description="Multiply pixel values (0..255) by this first.")
+    mean: list[float] | None = Field(None, description="Subtract per channel after scaling.")
+    std: list[float] | None = Field(None, description="Divide per channel after subtracting the mean.")
+    pad_value: int | None = Field(None, ge=0, le=255, description="Letterbox border colour (grey level).")
+
+
+class ClassifyConfig(Strict):
+    """Classification: softmax if the model gives logits, top-k with labels."""
+
+    type: Literal["classify"]
+    top_k: int = Field(3, ge=1, le=1000, description="How many classes to report.")
+    labels: Path | None = Field(None, description="Text file, one label per line; default: model metadata.")
+    softmax: Literal["auto", "always", "never"] = Field(
+        "auto", description="auto: apply softmax unless the outputs already sum to 1."
+    )
+
+
+class RawConfig(Strict):
+    """Raw outputs: shape, dtype and summary per output; values included up to a cap."""
+
+    type: Literal["raw"]
+    max_values: int = Field(64, ge=0, description="Include at most this many values per output.")
+
+
+PostprocessConfig = Annotated[ClassifyConfig | RawConfig, Field(discriminator="type")]
+
+
+class PipelineConfig(Strict):
+    """One source -> one model -> results on one topic."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="Pipeline name; part of the topic and `seq` key.")
+    source: CameraSourceConfig
+    model: ModelConfig
+    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
+    postprocess: PostprocessConfig = Field(default_factory=lambda: ClassifyConfig(type="classify"))
+
+
+class MqttConfig(Strict):
+    """The broker results are published to."""
+
+    enabled: bool = Field(True, description="false: only spool (results wait on disk).")
+    host: str = Field("localhost", description="Broker host name or address.")
+    port: int = Field(1883, ge=1, le=65535)
+    protocol: Literal["3.1.1", "5"] = Field("5", description="MQTT protocol version.")
+    qos: Literal[0, 1] = Field(1, description="1 = at-least-once: rows leave the spool on PUBACK only.")
+    client_id: str | None = Field(None, description="Default edged-<device_id>.")
+    keepalive_s: int = Field(30, ge=5, le=3600)
+    topic: str = Field("edged/{device_id}/{pipeline}/results", description="Result topic template.")
+    availability_topic: str = Field("edged/{device_id}/status", description="Retained online/offline.")
+    max_inflight: int = Field(32, ge=1, le=1000, description="Unacknowledged messages at most.")
+    reconnect_min_s: float = Field(0.5, gt=0)
+    reconnect_max_s: float = Field(30.0, gt=0)
+    shutdown_grace_s: float = Field(3.0, ge=0, description="On stop, publish what can go within this.")
+
+
+class SpoolConfig(Strict):
+    """The durable queue (SQLite, WAL) under state_dir."""
+
+    sync: Literal["normal", "full"] = Field(
+        "normal", description="normal: survives a crash; full: fsync per commit, survives a power cut."
+    )
+    batch_max: int = Field(32, ge=1, le=10000, description="Commit after this many results ...")
+    batch_ms: int = Field(200, ge=0, le=60000, description="... or this many milliseconds, first wins.")
+
+
+class StatusConfig(Strict):
+    """The status socket that `edged status` reads."""
+
+    socket: Path | None = Field(None, description="Unix socket; default <state_dir>/status.sock.")
+    mode: int = Field(0o660, description='Socket file mode, octal ("0660"); never world-writable.')
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _octal(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                return int(value.removeprefix("0o"), 8)
+            except ValueError as exc:
+                raise ValueError(f"mode must be an octal number like 0660, got {value!r}") from exc
+        return value
+
+    @field_validator("mode")
+    @classmethod
+    def _not_world_writable(cls, value: int) -> int:
+        if value & 0o002:
+            raise ValueError("status socket must not be world-writable (drop the o+w bit)")
+        return value
+
+
+class Config(Strict):
+    """The whole daemon configuration."""
+
+    device_id: str = Field(default_factory=socket.gethostname, pattern=NAME_PATTERN)
+    state_dir: Path = Field(Path("/var/lib/edged"), description="Spool database and sequence numbers.")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    status: StatusConfig = Field(default_factory=StatusConfig)
+    mqtt: MqttConfig = Field(default_factory=MqttConfig)
+    spool: SpoolConfig = Field(default_factory=SpoolConfig)
+    pipelines: list[PipelineConfig] = Field(min_length=1)
+
+    @field_validator("state_dir")
+    @classmethod
+    def _state_dir_relative(cls, value: Path, info: ValidationInfo) -> Path:
+        base = (info.context or {}).get("base_dir")
+        value = value.expanduser()
+        if not value.is_absolute() and base is not None:
+            return Path(base) / value
+        return value
+
+    @field_validator("pipelines")
+    @classmethod
+    def _unique_names(cls, value: list[PipelineConfig]) -> list[PipelineConfig]:
+        seen: set[str] = set()
+        for p in value:
+            if p.name in seen:
+                raise ValueError(f"pipeline name {p.name!r} is used twice; names must be unique")
+            seen.add(p.name)
+        return value
+
+    @property
+    def status_socket(self) -> Path:
+        """Where the status socket lives."""
+        return self.status.socket or self.state_dir / "status.sock"
+
+
+def _known_provider_names() -> set[str]:
+    import onnxruntime as ort  # noqa: PLC0415  (heavy; only when a config is validated)
+
+    return set(ort.get_all_providers())
+
+
+def default_config_path() -> Path:
+    """`$EDGED_CONFIG` or /etc/edged/edged.yaml."""
+    env = os.environ.get("EDGED_CONFIG")
+    return Path(env) if env else DEFAULT_CONFIG_PATH
+
+
+def load_config(path: Path) -> Config:
+    """Read and validate a YAML config file; raise ConfigError listing every problem."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read config: {exc.strerror}"]) from exc
+    return parse_config(text, source=str(path), base_dir=path.parent)
+
+
+def parse_config(text: str, source: str = "<config>", base_dir: Path | None = None) -> Config:
+    """Validate YAML text; errors are `source:line key=value: message`."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([f"{source}:{line} yaml: {problem}"]) from exc
+    if not isinstance(data, dict):
+        raise ConfigError([f"{source}:1 config: the file must be a YAML mapping of keys, got {type(data).__name__}"])
+    lines: dict[tuple[str | int, ...], int] = {}
+    if node is not None:
+        _collect_lines(node, (), lines)
+    try:
+        return Config.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        problems = [_format_error(err, data, lines, source) for err in exc.errors()]
+        raise ConfigError(problems) from exc
+
+
+def config_from_dict(data: dict[str, Any], source: str = "<built-in config>") -> Config:
+    """Validate a config built in code (the demo); errors in the same format, without line numbers."""
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError([_format_error(err, data, {}, source) for err in exc.errors()]) from exc
+
+
+def _collect_lines(node: yaml.Node, path: tuple[str | int, ...], out: dict[tuple[str | int, ...], int]) -> None:
+    out[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            child = (*path, key_node.value)
+            _collect_lines(value_node, child, out)
+            out[child] = key_node.start_mark.line + 1  # a key's problem is reported on the key's line
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _collect_lines(item, (*path, i), out)
+
+
+def _format_error(err: Any, data: dict[str, Any], lines: dict[tuple[str | int, ...], int], source: str) -> str:
+    loc: tuple[str | int, ...] = tuple(err["loc"])
+    path: list[str | int] = []
+    current: Any = data
+    resolved = True
+    for elem in loc:
+        if (isinstance(current, dict) and elem in current) or (
+            isinstance(current, list) and isinstance(elem, int) and 0 <= elem < len(current)
+        ):
+            current = current[elem]  # type: ignore[index]
+            path.append(elem)
+        elif isinstance(current, dict) and isinstance(elem, str) and current.get("type") == elem:
+            continue  # a discriminated-union tag, not a key in the file
+        else:
+            resolved = False
+            path.append(elem)
+            break
+    line = _line_for(tuple(path), lines)
+    key = _dotted(path) or "config"
+    value = _show(current) if resolved else "<missing>"
+    message = _message(err)
+    return f"{source}:{line} {key}={value}: {message}"
+
+
+def _line_for(path: tuple[str | int, ...], lines: dict[tuple[str | int, ...], int]) -> int:
+    for end in range(len(path), -1, -1):
+        if path[:end] in lines:
+            return lines[path[:end]]
+    return 1
+
+
+def _dotted(path: Iterable[str | int]) -> str:
+    out = ""
+    for elem in path:
+        out += f"[{elem}]" if isinstance(elem, int) else (f".{elem}" if out else str(elem))
+    return out
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else value
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _message(err: Any) -> str:
+    kind = err["type"]
+    msg = str(err["msg"])
+    if kind == "extra_forbidden":
+        return "unknown key; check the spelling against the config reference in README.md"
+    if kind == "missing":
+        return "required key is missing"
+    if kind == "union_tag_invalid":
+        return f"unknown type; expected one of: {err.get('ctx', {}).get('expected_tags', '')}"
+    if kind == "literal_error":
+        return f"must be one of {err.get('ctx', {}).get('expected', '')}"
+    return msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")

@@ -1,0 +1,227 @@
+"""Wiring and lifecycle: start (spool, models, publisher, sources), run, stop without losing results."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from edged import __version__
+from edged.config import Config, PipelineConfig
+from edged.errors import EdgedError
+from edged.mqtt import Publisher, topic_for
+from edged.pipeline import InferenceWorker, ResultHook, prepare_model
+from edged.sources import FrameSlot, Source, make_source
+from edged.spool import Spool
+from edged.stats import MqttStats, PipelineStats
+from edged.status import StatusServer
+from edged.systemd import notify
+
+log = logging.getLogger(__name__)
+
+STATUS_EVERY_S = 5.0
+SOURCE_JOIN_S = 5.0
+WORKER_JOIN_S = 30.0
+
+
+@dataclass
+class PipelineRuntime:
+    """The threads and counters of one running pipeline."""
+
+    cfg: PipelineConfig
+    stats: PipelineStats
+    slot: FrameSlot
+    source: Source | None = None
+    worker: InferenceWorker | None = None
+
+
+class Daemon:
+    """Owns every thread. `start()` then `wait()` then `stop()`; `request_stop()` from anywhere."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        on_result: ResultHook | None = None,
+        source_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.on_result = on_result
+        self.source_kwargs = source_kwargs or {}
+        self.state = "starting"
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._stopped = False
+        self.mqtt_stats = MqttStats(enabled=config.mqtt.enabled)
+        self.pipelines = [
+            PipelineRuntime(p, PipelineStats(p.name, str(p.source.uri)), FrameSlot()) for p in config.pipelines
+        ]
+        self.spool: Spool | None = None
+        self.publisher: Publisher | None = None
+        self.status_server: StatusServer | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the spool, load and warm up every model, then start the threads and report READY."""
+        cfg = self.config
+        cfg.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        try:
+            self.spool = Spool(
+                cfg.state_dir / "spool.db",
+                sync=cfg.spool.sync,
+                batch_max=cfg.spool.batch_max,
+                batch_ms=cfg.spool.batch_ms,
+            )
+            self.spool.start()
+            self.status_server = StatusServer(cfg.status_socket, self.snapshot, cfg.status.mode)
+            self.status_server.start()
+            models = [prepare_model(rt.cfg, cfg.state_dir) for rt in self.pipelines]
+        except EdgedError:
+            self._close_partial()
+            raise
+        if cfg.mqtt.enabled:
+            self.publisher = Publisher(cfg.mqtt, cfg.device_id, self.spool, self.mqtt_stats)
+            self.publisher.start()
+        for rt, model in zip(self.pipelines, models, strict=True):
+            topic = topic_for(cfg.mqtt.topic, cfg.device_id, rt.cfg.name)
+            rt.worker = InferenceWorker(
+                rt.cfg,
+                model,
+                slot=rt.slot,
+                spool=self.spool,
+                stats=rt.stats,
+                device_id=cfg.device_id,
+                topic=topic,
+                on_result=self.on_result,
+            )
+            rt.source = make_source(
+                rt.cfg.source,
+                slot=rt.slot,
+                stats=rt.stats,
+                name=f"edged-source-{rt.cfg.name}",
+                **self.source_kwargs,
+            )
+            rt.worker.start()
+            rt.source.start()
+        self.state = "running"
+        notify("READY=1")
+        log.info(
+            "edged %s running: %d pipeline(s), status on %s",
+            __version__,
+            len(self.pipelines),
+            cfg.status_socket,
+        )
+
+    def _close_partial(self) -> None:
+        server, self.status_server = self.status_server, None
+        if server is not None:
+            server.stop()
+        spool, self.spool = self.spool, None
+        if spool is not None:
+            spool.close()
+
+    def request_stop(self) -> None:
+        """Ask `wait()` to return; safe from signal handlers and other threads."""
+        self._stop.set()
+
+    def wait(self) -> None:
+        """Block until a stop is requested or every pipeline has ended; refresh sd_notify STATUS=."""
+        while not self._stop.wait(STATUS_EVERY_S if os.environ.get("NOTIFY_SOCKET") else 0.5):
+            if os.environ.get("NOTIFY_SOCKET"):
+                notify("STATUS=" + self.status_line())
+            for rt in self.pipelines:
+                if rt.worker is not None and not rt.worker.is_alive() and rt.source is not None:
+                    rt.source.stop()  # a failed pipeline's source has nobody to feed
+            if all(rt.worker is not None and not rt.worker.is_alive() for rt in self.pipelines):
+                log.info("every pipeline has ended; stopping")
+                return
+
+    def stop(self) -> None:
+        """Stop sources, finish frames in flight, commit, publish within the grace period, say offline."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.state = "stopping"
+        notify("STOPPING=1")
+        for rt in self.pipelines:
+            if rt.source is not None:
+                rt.source.stop()
+        for rt in self.pipelines:
+            if rt.source is not None:
+                rt.source.join(SOURCE_JOIN_S)
+        for rt in self.pipelines:
+            if rt.worker is not None:
+                rt.worker.join(WORKER_JOIN_S)
+        if self.spool is not None and not self.spool.flush():
+            log.error("spool: could not commit every result before stopping")
+        if self.publisher is not None:
+            grace = self.config.mqtt.shutdown_grace_s
+            self.publisher.request_stop(grace)
+            self.publisher.join(grace + 15.0)
+        self._close_partial()
+        log.info("edged stopped")
+
+    # -- reporting -------------------------------------------------------------------------------------
+
+    def health(self) -> str:
+        """running, or degraded when a pipeline is not producing or the broker is unreachable."""
+        if self.state != "running":
+            return self.state
+        for rt in self.pipelines:
+            if rt.stats.state in ("reconnecting", "failed"):
+                return "degraded"
+        if self.config.mqtt.enabled and not self.mqtt_stats.connected:
+            return "degraded"
+        return "running"
+
+    def snapshot(self) -> dict[str, Any]:
+        """The status JSON (DESIGN.md contract)."""
+        return {
+            "state": self.health(),
+            "version": __version__,
+            "device_id": self.config.device_id,
+            "pid": os.getpid(),
+            "uptime_s": round(time.monotonic() - self.started, 1),
+            "pipelines": [rt.stats.snapshot() for rt in self.pipelines],
+            "spool": self.spool.stats() if self.spool is not None else {},
+            "mqtt": self.mqtt_stats.snapshot(),
+        }
+
+    def status_line(self) -> str:
+        """One line for sd_notify STATUS= and periodic logs."""
+        fps = " ".join(f"{rt.cfg.name}={rt.stats.fps():.1f}fps" for rt in self.pipelines)
+        depth = self.spool.depth if self.spool is not None else 0
+        broker = "connected" if self.mqtt_stats.connected else "disconnected"
+        if not self.config.mqtt.enabled:
+            broker = "disabled"
+        return f"{self.health()}: {fps} spool={depth} mqtt={broker}"
+
+
+def run_daemon(daemon: Daemon) -> int:
+    """Start, wait for SIGTERM/SIGINT (or the end of every pipeline), stop. A second signal exits at once."""
+    signals = {"count": 0}
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        signals["count"] += 1
+        if signals["count"] > 1:
+            log.warning("second %s: exiting now (committed results are safe on disk)", signal.Signals(signum).name)
+            os._exit(1)
+        log.info("%s received: stopping", signal.Signals(signum).name)
+        daemon.request_stop()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        daemon.start()
+        daemon.wait()
+    finally:
+        daemon.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    failed = [rt.cfg.name for rt in daemon.pipelines if rt.stats.state == "failed"]
+    return 1 if failed else 0

@@ -1,0 +1,35 @@
+"""The one exception hierarchy. Library errors are converted at the boundary with `raise ... from`."""
+
+from __future__ import annotations
+
+
+class EdgedError(Exception):
+    """Base of every error edged raises on purpose; the CLI prints its message and exits non-zero."""
+
+
+class ConfigError(EdgedError):
+    """The configuration is invalid. `problems` holds one `file:line key=value: message` line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class ModelError(EdgedError):
+    """A model file is missing, malformed, or does not fit the pipeline's pre/postprocessing."""
+
+
+class ProviderError(EdgedError):
+    """The execution provider asked for is not available and the config requires it."""
+
+
+class SourceError(EdgedError):
+    """A frame source cannot be opened or has failed."""
+
+
+class SpoolError(EdgedError):
+    """The durable spool cannot be opened or written."""
+
+
+class StatusError(EdgedError):
+    """The status socket cannot be reached or served."""

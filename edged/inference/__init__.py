@@ -1,0 +1,1 @@
+"""Running ONNX models: sessions and providers, preprocessing, postprocessing."""

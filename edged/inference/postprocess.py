@@ -1,0 +1,112 @@
+"""Model outputs -> the `result` object of a message: `classify` (top-k with labels) or `raw`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from edged.config import ClassifyConfig, RawConfig
+from edged.errors import ModelError
+
+LABELS_KEY = "edged.labels"
+Postprocessor = Callable[[list[npt.NDArray[Any]]], dict[str, Any]]
+
+
+def load_labels(path: Path | None, metadata: dict[str, str]) -> list[str] | None:
+    """Labels from a text file (one per line), else from the model's metadata, else None."""
+    if path is not None:
+        try:
+            return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        except OSError as exc:
+            raise ModelError(f"cannot read labels file {path}: {exc.strerror}") from exc
+    raw = metadata.get(LABELS_KEY)
+    if not raw:
+        return None
+    try:
+        labels = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"model metadata {LABELS_KEY!r} is not a JSON list: {exc}") from exc
+    if not isinstance(labels, list):
+        raise ModelError(f"model metadata {LABELS_KEY!r} must be a JSON list of strings")
+    return [str(x) for x in labels]
+
+
+class Classify:
+    """Top-k classes of the first output; softmax when the output is logits."""
+
+    def __init__(self, cfg: ClassifyConfig, labels: list[str] | None) -> None:
+        self.top_k = cfg.top_k
+        self.softmax = cfg.softmax
+        self.labels = labels
+
+    def __call__(self, outputs: list[npt.NDArray[Any]]) -> dict[str, Any]:
+        """Return {"top": [{"index", "label", "score"}, ...]} best first."""
+        scores = np.asarray(outputs[0], dtype=np.float32).reshape(-1)
+        if self.softmax == "always" or (self.softmax == "auto" and not _is_distribution(scores)):
+            exp = np.exp(scores - scores.max())
+            scores = exp / exp.sum()
+        k = min(self.top_k, scores.size)
+        idx = np.argpartition(-scores, k - 1)[:k]
+        idx = idx[np.argsort(-scores[idx])]
+        return {"top": [self._entry(int(i), float(scores[i])) for i in idx]}
+
+    def _entry(self, index: int, score: float) -> dict[str, Any]:
+        label = self.labels[index] if self.labels and index < len(self.labels) else str(index)
+        return {"index": index, "label": label, "score": round(score, 5)}
+
+
+def _is_distribution(scores: npt.NDArray[np.float32]) -> bool:
+    return bool(scores.min() >= 0.0 and scores.max() <= 1.0 and abs(float(scores.sum()) - 1.0) < 1e-3)
+
+
+class Raw:
+    """Every output: name, shape, dtype, min/max/mean, and its first `max_values` values."""
+
+    def __init__(self, cfg: RawConfig, names: list[str]) -> None:
+        self.max_values = cfg.max_values
+        self.names = names
+
+    def __call__(self, outputs: list[npt.NDArray[Any]]) -> dict[str, Any]:
+        """Return {"outputs": [...]} with values capped so a message stays small."""
+        items = []
+        for name, out in zip(self.names, outputs, strict=True):
+            arr = np.asarray(out)
+            flat = arr.reshape(-1)
+            numeric = flat.astype(np.float64) if flat.size and np.issubdtype(flat.dtype, np.number) else None
+            items.append(
+                {
+                    "name": name,
+                    "shape": list(arr.shape),
+                    "dtype": str(arr.dtype),
+                    "min": float(numeric.min()) if numeric is not None else None,
+                    "max": float(numeric.max()) if numeric is not None else None,
+                    "mean": float(numeric.mean()) if numeric is not None else None,
+                    "values": flat[: self.max_values].tolist(),
+                    "truncated": bool(flat.size > self.max_values),
+                }
+            )
+        return {"outputs": items}
+
+
+def make_postprocessor(
+    cfg: ClassifyConfig | RawConfig,
+    output_names: list[str],
+    output_shapes: list[list[Any]],
+    metadata: dict[str, str],
+) -> Postprocessor:
+    """Build the configured postprocessor and check it fits the model's outputs."""
+    if isinstance(cfg, RawConfig):
+        return Raw(cfg, output_names)
+    labels = load_labels(cfg.labels, metadata)
+    shape = output_shapes[0]
+    classes = shape[-1] if shape and isinstance(shape[-1], int) else None
+    if labels is not None and classes is not None and len(labels) != classes:
+        raise ModelError(
+            f"{len(labels)} labels for a model with {classes} classes; fix postprocess.labels or the model"
+        )
+    return Classify(cfg, labels)

@@ -1,0 +1,216 @@
+"""Frame (BGR uint8, as OpenCV gives it) -> model input tensor, from config or the model's metadata."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from typing import Any
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+
+from edged.config import PreprocessConfig
+from edged.errors import ModelError
+
+METADATA_KEY = "edged.preprocess"
+DTYPES: dict[str, type[np.generic]] = {
+    "float32": np.float32,
+    "float16": np.float16,
+    "uint8": np.uint8,
+    "int8": np.int8,
+}
+ORT_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(uint8)": "uint8",
+    "tensor(int8)": "int8",
+}
+
+
+@dataclass(frozen=True)
+class PreprocessSpec:
+    """A fully resolved preprocessing recipe."""
+
+    size: tuple[int, int]  # width, height
+    resize: str = "stretch"
+    color: str = "rgb"
+    layout: str = "nchw"
+    dtype: str = "float32"
+    scale: float = 1.0 / 255.0
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
+    pad_value: int = 114
+
+    @property
+    def channels(self) -> int:
+        """Channels the model sees."""
+        return 1 if self.color == "gray" else 3
+
+    @property
+    def tensor_shape(self) -> tuple[int, int, int, int]:
+        """Shape of the batch-of-one tensor produced."""
+        w, h = self.size
+        return (1, self.channels, h, w) if self.layout == "nchw" else (1, h, w, self.channels)
+
+    def to_metadata(self) -> str:
+        """JSON to store under the model's `edged.preprocess` metadata key."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["size"] = list(self.size)
+        data["mean"] = list(self.mean)
+        data["std"] = list(self.std)
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def resolve(
+        cls,
+        config: PreprocessConfig | None,
+        metadata: dict[str, str],
+        input_shape: list[Any],
+        input_type: str,
+    ) -> PreprocessSpec:
+        """Merge: defaults < inferred from the model input < model metadata < config."""
+        values: dict[str, Any] = _infer_from_input(input_shape, input_type)
+        raw = metadata.get(METADATA_KEY)
+        if raw:
+            try:
+                meta = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise ModelError(f"model metadata {METADATA_KEY!r} is not valid JSON: {exc}") from exc
+            known = {f.name for f in fields(cls)}
+            values.update({k: v for k, v in meta.items() if k in known and v is not None})
+        if config is not None:
+            values.update({k: v for k, v in config.model_dump().items() if v is not None})
+        if "size" not in values:
+            raise ModelError("cannot tell the model's input size (dynamic shape, no metadata): set preprocess.size")
+        values["size"] = (int(values["size"][0]), int(values["size"][1]))
+        values["mean"] = tuple(float(x) for x in values.get("mean", (0.0,)))
+        values["std"] = tuple(float(x) for x in values.get("std", (1.0,)))
+        spec = cls(**values)
+        spec.check_against(input_shape, input_type)
+        return spec
+
+    def check_against(self, input_shape: list[Any], input_type: str) -> None:
+        """Raise ModelError when the tensor this spec produces does not fit the model input."""
+        want = self.tensor_shape
+        if len(input_shape) != 4:
+            raise ModelError(f"model input has rank {len(input_shape)} {input_shape}; edged feeds images as rank 4")
+        for got, expected in zip(input_shape, want, strict=True):
+            if isinstance(got, int) and got > 0 and got != expected:
+                raise ModelError(
+                    f"model input shape is {input_shape} but preprocessing produces {list(want)} "
+                    f"(size={list(self.size)}, layout={self.layout}, color={self.color}); "
+                    "fix preprocess.size / layout / color in the config"
+                )
+        expected_type = ORT_TYPES.get(input_type)
+        if expected_type is not None and expected_type != self.dtype:
+            raise ModelError(f"model input type is {input_type} but preprocess.dtype is {self.dtype}")
+        for name in ("mean", "std"):
+            n = len(getattr(self, name))
+            if n not in (1, self.channels):
+                raise ModelError(f"preprocess.{name} has {n} values; give 1 or {self.channels}")
+
+
+def _infer_from_input(shape: list[Any], input_type: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if input_type in ORT_TYPES:
+        out["dtype"] = ORT_TYPES[input_type]
+    if len(shape) == 4:
+        if shape[1] in (1, 3) and shape[3] not in (1, 3):
+            out["layout"] = "nchw"
+            h, w = shape[2], shape[3]
+            if shape[1] == 1:
+                out["color"] = "gray"
+        elif shape[3] in (1, 3):
+            out["layout"] = "nhwc"
+            h, w = shape[1], shape[2]
+            if shape[3] == 1:
+                out["color"] = "gray"
+        else:
+            return out
+        if isinstance(h, int) and isinstance(w, int) and h > 0 and w > 0:
+            out["size"] = (w, h)
+    return out
+
+
+@dataclass(frozen=True)
+class Letterbox:
+    """Where the frame landed inside the model input (to map coordinates back)."""
+
+    scale: float
+    pad_x: int
+    pad_y: int
+
+
+class Preprocessor:
+    """Callable turning a BGR uint8 frame into a contiguous input tensor."""
+
+    def __init__(self, spec: PreprocessSpec) -> None:
+        self.spec = spec
+        c = spec.channels
+        std = np.resize(np.asarray(spec.std, dtype=np.float32), c)
+        mean = np.resize(np.asarray(spec.mean, dtype=np.float32), c)
+        # (x * scale - mean) / std == x * mul + add, one fused pass per pixel
+        self._mul = (spec.scale / std).astype(np.float32)
+        self._add = (-mean / std).astype(np.float32)
+        self._identity = bool(np.all(self._mul == 1.0) and np.all(self._add == 0.0))
+        self._dtype = DTYPES[spec.dtype]
+        self.last_letterbox = Letterbox(1.0, 0, 0)
+
+    def __call__(self, frame: npt.NDArray[np.uint8]) -> npt.NDArray[Any]:
+        """Frame (H, W, 3) BGR or (H, W) grey -> tensor of `spec.tensor_shape`."""
+        img = self._fit(frame)
+        img = self._convert_color(img)
+        if img.ndim == 2:
+            img = img[:, :, None]
+        x: npt.NDArray[Any]
+        if self._dtype in (np.float32, np.float16):
+            x = img.astype(np.float32)
+            if not self._identity:
+                x = x * self._mul + self._add
+        elif self._dtype == np.int8:
+            x = (img.astype(np.int16) - 128).astype(np.int8)
+        else:
+            x = img
+        if self.spec.layout == "nchw":
+            x = x.transpose(2, 0, 1)
+        return np.ascontiguousarray(x[None], dtype=self._dtype)
+
+    def _fit(self, frame: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+        w, h = self.spec.size
+        fh, fw = frame.shape[:2]
+        if self.spec.resize == "stretch" or (fw == w and fh == h):
+            self.last_letterbox = Letterbox(1.0, 0, 0)
+            if fw == w and fh == h:
+                return frame
+            return np.asarray(cv2.resize(frame, (w, h), interpolation=cv2.INTER_AREA), dtype=np.uint8)
+        scale = min(w / fw, h / fh)
+        nw, nh = max(1, round(fw * scale)), max(1, round(fh * scale))
+        resized = cv2.resize(frame, (nw, nh), interpolation=cv2.INTER_AREA)
+        px, py = (w - nw) // 2, (h - nh) // 2
+        pad = self.spec.pad_value
+        out = cv2.copyMakeBorder(
+            resized,
+            py,
+            h - nh - py,
+            px,
+            w - nw - px,
+            cv2.BORDER_CONSTANT,
+            value=(pad, pad, pad) if resized.ndim == 3 else pad,
+        )
+        self.last_letterbox = Letterbox(scale, px, py)
+        return np.asarray(out, dtype=np.uint8)
+
+    def _convert_color(self, img: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+        color = self.spec.color
+        if img.ndim == 2:
+            return (
+                img
+                if color == "gray"
+                else np.asarray(cv2.cvtColor(img, cv2.COLOR_GRAY2BGR if color == "bgr" else cv2.COLOR_GRAY2RGB))
+            )
+        if color == "rgb":
+            return np.asarray(cv2.cvtColor(img, cv2.COLOR_BGR2RGB))
+        if color == "gray":
+            return np.asarray(cv2.cvtColor(img, cv2.COLOR_BGR2GRAY))
+        return img

@@ -1,0 +1,150 @@
+"""ONNX Runtime sessions: provider choice, provider options, loading errors, warm-up."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+
+from edged.config import ModelConfig
+from edged.errors import ModelError, ProviderError
+from edged.inference.preprocess import DTYPES, ORT_TYPES
+
+log = logging.getLogger(__name__)
+
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+TENSORRT = "TensorrtExecutionProvider"
+
+
+@dataclass
+class LoadedModel:
+    """A ready session and what the pipeline and messages need to know about it."""
+
+    session: ort.InferenceSession
+    path: Path
+    name: str
+    sha256: str
+    providers: list[str]  # what the session really uses, in order
+    input_name: str
+    input_shape: list[Any]
+    input_type: str
+    output_names: list[str]
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def provider(self) -> str:
+        """The provider that runs the model (the first one the session really uses)."""
+        return self.providers[0]
+
+    def run(self, tensor: npt.NDArray[Any]) -> list[npt.NDArray[Any]]:
+        """One inference; returns the outputs in `output_names` order."""
+        outputs: list[npt.NDArray[Any]] = self.session.run(self.output_names, {self.input_name: tensor})
+        return outputs
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def select_providers(requested: list[str], available: list[str]) -> list[str]:
+    """The config's ordered list intersected with what this runtime offers; CPU when nothing is left."""
+    chosen = [p for p in requested if p in available]
+    return chosen or [CPU]
+
+
+def provider_options(cfg: ModelConfig, provider: str, state_dir: Path) -> dict[str, Any]:
+    """Options that matter on Jetson, then the config's `provider_options` on top."""
+    opts: dict[str, Any] = {}
+    if provider == TENSORRT:
+        cache = cfg.trt_engine_cache_dir or state_dir / "trt-cache"
+        opts = {
+            "device_id": cfg.cuda_device_id,
+            "trt_engine_cache_enable": True,
+            "trt_engine_cache_path": str(cache),
+            "trt_timing_cache_enable": True,
+            "trt_timing_cache_path": str(cache),
+            "trt_fp16_enable": cfg.trt_fp16,
+            "trt_int8_enable": cfg.trt_int8,
+        }
+    elif provider == CUDA:
+        opts = {"device_id": cfg.cuda_device_id}
+    opts.update(cfg.provider_options.get(provider, {}))
+    return opts
+
+
+def load_model(cfg: ModelConfig, state_dir: Path) -> LoadedModel:
+    """Build the session, read back the providers it really uses, and apply `require_provider`."""
+    path = cfg.path
+    try:
+        sha = file_sha256(path)
+    except OSError as exc:
+        raise ModelError(f"cannot read model {path}: {exc.strerror}; check model.path and permissions") from exc
+    available = ort.get_available_providers()
+    chosen = select_providers(cfg.providers, available)
+    missing = [p for p in cfg.providers if p not in available]
+    if missing:
+        log.info("model %s: providers not offered by this onnxruntime build: %s", path.name, ", ".join(missing))
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = cfg.threads
+    opts.inter_op_num_threads = cfg.inter_op_threads
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+    for p in chosen:
+        if p == TENSORRT:
+            Path(provider_options(cfg, p, state_dir)["trt_engine_cache_path"]).mkdir(parents=True, exist_ok=True)
+    providers = [(p, provider_options(cfg, p, state_dir)) for p in chosen]
+    try:
+        session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(
+            f"cannot load model {path}: {first}. The file is not a valid ONNX model (truncated copy, "
+            "wrong file, or an opset this onnxruntime does not support); copy or export it again"
+        ) from exc
+    used = list(session.get_providers())
+    want = cfg.providers[0]
+    if used[0] != want:
+        msg = f"model {path.name}: asked for {want} but the session runs on {used[0]} (available: {available})"
+        if cfg.require_provider:
+            raise ProviderError(msg + "; require_provider is true, so edged will not start")
+        log.warning("%s; falling back", msg)
+    inp = session.get_inputs()[0]
+    meta = session.get_modelmeta()
+    metadata = dict(meta.custom_metadata_map)
+    name = metadata.get("edged.name") or path.name.split(".")[0]
+    log.info("model %s (sha256 %s) on %s", name, sha[:12], ", ".join(used))
+    return LoadedModel(
+        session=session,
+        path=path,
+        name=name,
+        sha256=sha,
+        providers=used,
+        input_name=inp.name,
+        input_shape=list(inp.shape),
+        input_type=inp.type,
+        output_names=[o.name for o in session.get_outputs()],
+        metadata=metadata,
+    )
+
+
+def warm_up(model: LoadedModel, tensor_shape: tuple[int, ...], runs: int) -> None:
+    """Run the model on a blank input so the first real frame does not pay for lazy initialisation."""
+    dtype = DTYPES.get(ORT_TYPES.get(model.input_type, "float32"), np.float32)
+    blank = np.zeros(tensor_shape, dtype=dtype)
+    try:
+        for _ in range(runs):
+            model.run(blank)
+    except Exception as exc:
+        raise ModelError(f"model {model.path.name} failed its warm-up run: {exc}") from exc

@@ -1,0 +1,244 @@
+"""The publisher: drains the spool to an MQTT broker, oldest first; rows leave the spool on PUBACK only.
+
+All paho calls happen on this one thread (paho is not thread-safe in every path): the thread runs
+paho's network loop itself with `client.loop()`, so callbacks also run here and no application lock
+is held while paho runs. Each connection uses a fresh paho client, so paho's in-memory queue never
+acts as a buffer: after a reconnect everything not yet acknowledged is sent again from the spool
+(same `seq`; subscribers drop duplicates).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+
+from edged.backoff import Backoff
+from edged.config import MqttConfig
+from edged.spool import Spool
+from edged.stats import MqttStats
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 10.0
+LOOP_TIMEOUT_S = 0.05
+
+
+def topic_for(template: str, device_id: str, pipeline: str = "") -> str:
+    """Fill a topic template's `{device_id}` and `{pipeline}`."""
+    return template.replace("{device_id}", device_id).replace("{pipeline}", pipeline)
+
+
+@dataclass
+class _Conn:
+    """State of one broker connection (one paho client)."""
+
+    client: paho.Client
+    connected: bool = False
+    closed: bool = False
+    refused: str | None = None
+
+
+class Publisher(threading.Thread):
+    """Publishes spooled rows with a bounded number in flight; reconnects with backoff and jitter."""
+
+    def __init__(self, cfg: MqttConfig, device_id: str, spool: Spool, stats: MqttStats) -> None:
+        super().__init__(name="edged-mqtt", daemon=True)
+        self.cfg = cfg
+        self.device_id = device_id
+        self.spool = spool
+        self.stats = stats
+        self.client_id = cfg.client_id or f"edged-{device_id}"
+        self.availability_topic = topic_for(cfg.availability_topic, device_id)
+        self._halt = threading.Event()
+        self._drain_deadline: float | None = None
+        self._inflight: dict[int, int] = {}  # paho mid -> spool row id
+        self._early: dict[int, Any] = {}  # acks that arrived before publish() returned (QoS 0)
+        self._cursor = 0
+        self._seen_commits = -1
+        self._failed_rows = False
+        self._backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
+        with stats.lock:
+            stats.broker = f"{cfg.host}:{cfg.port}"
+
+    def request_stop(self, grace_s: float) -> None:
+        """Stop after publishing what can go within `grace_s` seconds, then say `offline`."""
+        self._drain_deadline = time.monotonic() + grace_s
+        self._halt.set()
+
+    # -- the thread ------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Connect, publish, reconnect; until asked to stop."""
+        failures = 0
+        while not self._halt.is_set():
+            conn = self._connect()
+            if conn is None or not conn.connected:
+                failures += 1
+                if conn is not None:
+                    self._close(conn, offline=False)
+                self._halt.wait(self._backoff.next_delay())
+                continue
+            if failures:
+                log.info(
+                    "mqtt: connected to %s:%d after %d failed attempts",
+                    self.cfg.host,
+                    self.cfg.port,
+                    failures,
+                )
+            failures = 0
+            self._backoff.reset()
+            self._serve(conn)
+            self._close(conn, offline=self._halt.is_set())
+
+    def _new_client(self) -> paho.Client:
+        protocol = paho.MQTTv5 if self.cfg.protocol == "5" else paho.MQTTv311
+        client = paho.Client(
+            callback_api_version=CallbackAPIVersion.VERSION2,
+            client_id=self.client_id,
+            protocol=protocol,
+            reconnect_on_failure=False,
+        )
+        client.connect_timeout = CONNECT_TIMEOUT_S
+        client.max_inflight_messages_set(self.cfg.max_inflight)
+        client.will_set(self.availability_topic, "offline", qos=1, retain=True)
+        return client
+
+    def _connect(self) -> _Conn | None:
+        client = self._new_client()
+        conn = _Conn(client)
+        client.on_connect = lambda _c, _u, _f, rc, _p: self._on_connect(conn, rc)
+        client.on_disconnect = lambda _c, _u, _f, rc, _p: self._on_disconnect(conn, rc)
+        client.on_publish = lambda _c, _u, mid, rc, _p: self._on_publish(mid, rc)
+        try:
+            client.connect(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive_s)
+        except (OSError, ValueError) as exc:
+            self._note_error(f"cannot connect to {self.cfg.host}:{self.cfg.port}: {exc}")
+            return None
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        while not conn.connected and not conn.closed and time.monotonic() < deadline and not self._halt.is_set():
+            client.loop(LOOP_TIMEOUT_S)
+        if conn.refused:
+            self._note_error(f"broker {self.cfg.host}:{self.cfg.port} refused the connection: {conn.refused}")
+        elif not conn.connected:
+            self._note_error(f"no CONNACK from {self.cfg.host}:{self.cfg.port} within {CONNECT_TIMEOUT_S:.0f} s")
+        return conn
+
+    def _serve(self, conn: _Conn) -> None:
+        """Publish while connected; return on disconnect or once drained after a stop request."""
+        self._inflight.clear()
+        self._cursor = 0  # everything unacknowledged goes again
+        self._seen_commits = -1
+        conn.client.publish(self.availability_topic, "online", qos=1, retain=True)
+        while conn.connected:
+            if self._halt.is_set() and self._drained():
+                return
+            self._pump(conn.client)
+            rc = conn.client.loop(LOOP_TIMEOUT_S)
+            if rc != paho.MQTT_ERR_SUCCESS and conn.connected:
+                self._on_disconnect(conn, rc)
+
+    def _drained(self) -> bool:
+        deadline = self._drain_deadline or 0.0
+        if time.monotonic() >= deadline:
+            left = self.spool.depth
+            if left:
+                log.warning("mqtt: stop grace period over; %d results stay in the spool for next time", left)
+            return True
+        return not self._inflight and self.spool.depth == 0
+
+    def _pump(self, client: paho.Client) -> None:
+        room = self.cfg.max_inflight - len(self._inflight)
+        if room <= 0:
+            return
+        if self._failed_rows and not self._inflight:
+            self._failed_rows = False  # rows the broker refused: send them again from the oldest
+            self._cursor = 0
+            self._seen_commits = -1
+        commits = self.spool.wait_for_commit(self._seen_commits, 0)
+        if commits == self._seen_commits:
+            return  # nothing new since the last empty fetch
+        rows = self.spool.fetch(self._cursor, room)
+        if not rows:
+            self._seen_commits = commits
+            return
+        for row in rows:
+            info = client.publish(row.topic, row.payload, qos=self.cfg.qos)
+            if info.rc != paho.MQTT_ERR_SUCCESS:
+                log.debug("mqtt: publish returned %s; will resend after reconnect", info.rc)
+                return
+            self._cursor = row.id
+            self._inflight[info.mid] = row.id
+            early = self._early.pop(info.mid, None)
+            if early is not None:
+                self._on_publish(info.mid, early)
+
+    # -- paho callbacks (run on this thread, inside client.loop/publish) -------------------------------
+
+    def _on_connect(self, conn: _Conn, reason: Any) -> None:
+        if getattr(reason, "is_failure", False):
+            conn.refused = str(reason)
+            return
+        conn.connected = True
+        with self.stats.lock:
+            self.stats.connected = True
+            self.stats.connects += 1
+            self.stats.last_error = None
+
+    def _on_disconnect(self, conn: _Conn, reason: Any) -> None:
+        was = conn.connected
+        conn.connected = False
+        conn.closed = True
+        with self.stats.lock:
+            self.stats.connected = False
+        if was and not self._halt.is_set():
+            self._note_error(f"disconnected from {self.cfg.host}:{self.cfg.port}: {reason}")
+
+    def _on_publish(self, mid: int, reason: Any) -> None:
+        row_id = self._inflight.pop(mid, None)
+        if row_id is None:
+            self._early[mid] = reason
+            return
+        if getattr(reason, "is_failure", False):
+            self._failed_rows = True
+            with self.stats.lock:
+                self.stats.failed += 1
+                self.stats.last_error = f"broker refused a message: {reason}"
+            log.warning("mqtt: broker refused row %d (%s); it stays in the spool", row_id, reason)
+            return
+        self.spool.ack([row_id])
+        with self.stats.lock:
+            self.stats.published += 1
+            self.stats.last_publish_ts = time.time()
+
+    # -- helpers ---------------------------------------------------------------------------------------
+
+    def _close(self, conn: _Conn, *, offline: bool) -> None:
+        client = conn.client
+        if conn.connected and offline:
+            info = client.publish(self.availability_topic, "offline", qos=1, retain=True)
+            deadline = time.monotonic() + 1.0
+            while conn.connected and not info.is_published() and time.monotonic() < deadline:
+                client.loop(LOOP_TIMEOUT_S)
+        if conn.connected:
+            client.disconnect()
+            client.loop(LOOP_TIMEOUT_S)
+        sock = client.socket()
+        if sock is not None:  # a half-open attempt (no CONNACK): drop the TCP connection ourselves
+            sock.close()
+        with self.stats.lock:
+            self.stats.connected = False
+        self._inflight.clear()
+        self._early.clear()
+
+    def _note_error(self, message: str) -> None:
+        with self.stats.lock:
+            repeated = self.stats.last_error == message
+            self.stats.last_error = message
+        # the first occurrence is a warning; repeats (a broker that stays away) go to debug
+        log.log(logging.DEBUG if repeated else logging.WARNING, "mqtt: %s", message)

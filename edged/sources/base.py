@@ -1,0 +1,100 @@
+"""What every source shares: the frame type, the latest-frame slot, and the registry of source types."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One captured frame. `ts` is the capture time (epoch seconds); `index` the source's frame number."""
+
+    image: npt.NDArray[np.uint8]
+    ts: float
+    index: int
+
+
+class FrameSlot:
+    """A one-frame mailbox between a source and its model: `put` overwrites, so the latest frame wins.
+
+    The source never blocks on a slow model; every overwritten frame is reported as dropped.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._frame: Frame | None = None
+        self._closed = False
+
+    def put(self, frame: Frame) -> int:
+        """Store `frame`; return 1 when it replaced a frame the model never saw, else 0."""
+        with self._cond:
+            dropped = 1 if self._frame is not None else 0
+            self._frame = frame
+            self._cond.notify_all()
+            return dropped
+
+    def get(self, timeout: float) -> Frame | None:
+        """Take the frame, waiting up to `timeout`; None on timeout or when closed and empty."""
+        with self._cond:
+            if self._frame is None and not self._closed:
+                self._cond.wait(timeout)
+            frame, self._frame = self._frame, None
+            if frame is not None:
+                self._cond.notify_all()
+            return frame
+
+    def wait_empty(self, timeout: float) -> bool:
+        """Wait until the model took the last frame (paces a file to the model). True when empty."""
+        with self._cond:
+            if self._frame is not None and not self._closed:
+                self._cond.wait(timeout)
+            return self._frame is None
+
+    def close(self) -> None:
+        """No more frames: wake the consumer; it drains what is left, then sees `closed`."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        """True once the source has finished and the slot is empty."""
+        with self._cond:
+            return self._closed and self._frame is None
+
+
+class Source(threading.Thread):
+    """A thread that fills a FrameSlot until stopped. Subclasses implement `run`."""
+
+    def stop(self) -> None:
+        """Ask the source to finish; it closes its slot on the way out."""
+        raise NotImplementedError
+
+
+SourceFactory = Callable[..., Source]
+SOURCES: dict[str, SourceFactory] = {}
+
+
+def register(type_key: str) -> Callable[[SourceFactory], SourceFactory]:
+    """Class decorator: make a source available under its config `type` key."""
+
+    def deco(cls: SourceFactory) -> SourceFactory:
+        SOURCES[type_key] = cls
+        return cls
+
+    return deco
+
+
+def make_source(cfg: Any, **kwargs: Any) -> Source:
+    """Build the source for a pipeline's `source` config (tests may swap entries in SOURCES)."""
+    try:
+        factory = SOURCES[cfg.type]
+    except KeyError:
+        raise KeyError(f"no source registered for type {cfg.type!r}") from None
+    return factory(cfg, **kwargs)

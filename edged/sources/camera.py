@@ -1,0 +1,169 @@
+"""`camera` source: OpenCV VideoCapture on a device, a video file, a stream URL or a GStreamer pipeline."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import cv2
+import numpy as np
+
+from edged.backoff import Backoff
+from edged.config import CameraSourceConfig
+from edged.sources.base import Frame, FrameSlot, Source, register
+from edged.stats import PipelineStats
+
+log = logging.getLogger(__name__)
+
+CaptureFactory = Callable[[CameraSourceConfig], Any]
+ReadOutcome = Literal["stopped", "end", "failed"]
+
+
+def source_kind(uri: str | int) -> str:
+    """Classify a camera uri: device, file, stream or gstreamer."""
+    if isinstance(uri, int) or uri.isdigit() or uri.startswith("/dev/video"):
+        return "device"
+    if "://" in uri:
+        return "stream"
+    if "!" in uri:
+        return "gstreamer"
+    return "file"
+
+
+def open_capture(cfg: CameraSourceConfig) -> Any:
+    """Open a cv2.VideoCapture for the config; the caller checks isOpened()."""
+    uri = cfg.uri
+    kind = source_kind(uri)
+    if kind == "device":
+        target: str | int = int(uri) if isinstance(uri, int) or uri.isdigit() else uri
+        cap = cv2.VideoCapture(target)
+    elif kind == "gstreamer":
+        cap = cv2.VideoCapture(str(uri), cv2.CAP_GSTREAMER)
+    elif kind == "stream":
+        cap = cv2.VideoCapture(str(uri), cv2.CAP_FFMPEG)
+    else:
+        cap = cv2.VideoCapture(str(uri))
+    if cap.isOpened() and kind == "device":
+        if cfg.width:
+            cap.set(cv2.CAP_PROP_FRAME_WIDTH, cfg.width)
+        if cfg.height:
+            cap.set(cv2.CAP_PROP_FRAME_HEIGHT, cfg.height)
+        if cfg.fps:
+            cap.set(cv2.CAP_PROP_FPS, cfg.fps)
+    return cap
+
+
+@register("camera")
+class CameraSource(Source):
+    """Reads frames into a FrameSlot; reconnects with capped exponential backoff when the source fails.
+
+    Pacing: a live source (device, stream) is read continuously and the latest frame wins. A file is a
+    recording, not a live feed: with `fps: 0` it is read at the model's pace (nothing dropped); with
+    `fps > 0` it is played in real time, so a slow model drops frames like it would on a camera.
+    """
+
+    def __init__(
+        self,
+        cfg: CameraSourceConfig,
+        *,
+        slot: FrameSlot,
+        stats: PipelineStats,
+        name: str = "edged-source",
+        capture_factory: CaptureFactory = open_capture,
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self.cfg = cfg
+        self.slot = slot
+        self.stats = stats
+        self.kind = source_kind(cfg.uri)
+        self._open = capture_factory
+        self._halt = threading.Event()
+        self._counter = 0
+
+    def stop(self) -> None:
+        """Ask the thread to finish; safe to call more than once."""
+        self._halt.set()
+
+    def run(self) -> None:
+        """Open, read, and on failure reopen with backoff, until stopped or the file ended for good."""
+        backoff = Backoff(self.cfg.reconnect_min_s, self.cfg.reconnect_max_s)
+        failures_logged = 0
+        try:
+            while not self._halt.is_set():
+                cap, why = self._try_open()
+                if cap is None:
+                    failures_logged = self._note_failure(why, failures_logged)
+                    self._halt.wait(backoff.next_delay())
+                    continue
+                self.stats.set_state("running")
+                outcome, frames = self._read_loop(cap)
+                cap.release()
+                if frames:
+                    backoff.reset()
+                    failures_logged = 0
+                if outcome == "stopped":
+                    break
+                if outcome == "end" and self.kind == "file":
+                    if self.cfg.stop_at_end:
+                        log.info("source %s: end of file after %d frames", self.cfg.uri, frames)
+                        self.stats.set_state("ended")
+                        return
+                    if self.cfg.loop and frames:
+                        continue  # start the file again at once
+                why = "end of file" if outcome == "end" else "read failed"
+                failures_logged = self._note_failure(f"{why} after {frames} frames", failures_logged)
+                self._halt.wait(backoff.next_delay())
+        finally:
+            self.slot.close()
+
+    def _note_failure(self, why: str, logged: int) -> int:
+        self.stats.count_reconnect()
+        self.stats.set_state("reconnecting", f"{self.cfg.uri}: {why}")
+        # the first failures in a row are worth a warning; after that the status shows the count
+        level = logging.WARNING if logged < 3 else logging.DEBUG
+        log.log(level, "source %s: %s; reconnecting with backoff", self.cfg.uri, why)
+        return logged + 1
+
+    def _try_open(self) -> tuple[Any, str]:
+        if self.kind == "file" and not Path(str(self.cfg.uri)).is_file():
+            return None, "file not found"
+        try:
+            cap = self._open(self.cfg)
+        except (cv2.error, OSError) as exc:
+            return None, f"cannot open: {exc}"
+        if cap is None or not cap.isOpened():
+            if cap is not None:
+                cap.release()
+            return None, "cannot open (device busy or gone, or unsupported format)"
+        return cap, ""
+
+    def _read_loop(self, cap: Any) -> tuple[ReadOutcome, int]:
+        interval = 1.0 / self.cfg.fps if self.cfg.fps > 0 else 0.0
+        paced_by_model = self.kind == "file" and interval == 0.0
+        next_due = time.monotonic()
+        frames = 0
+        while not self._halt.is_set():
+            if paced_by_model:
+                while not self.slot.wait_empty(0.2):
+                    if self._halt.is_set():
+                        return "stopped", frames
+            ok, image = cap.read()
+            if not ok or image is None:
+                return ("end" if self.kind == "file" else "failed"), frames
+            index = frames if self.kind == "file" else self._counter
+            frames += 1
+            self._counter += 1
+            if interval:
+                now = time.monotonic()
+                if self.kind != "file" and now < next_due:
+                    continue  # live source faster than the target rate: skip, not a drop
+                if self.kind == "file" and now < next_due:
+                    self._halt.wait(next_due - now)
+                next_due = max(next_due + interval, time.monotonic() - interval)
+            dropped = self.slot.put(Frame(np.asarray(image), time.time(), index))
+            self.stats.count_capture(dropped)
+        return "stopped", frames

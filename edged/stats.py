@@ -1,0 +1,132 @@
+"""Thread-safe counters and latency windows that status, sd_notify and logs read."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+WINDOW = 512  # latency samples kept per stage
+
+
+def percentiles(values: deque[float]) -> dict[str, float]:
+    """p50/p95/p99 of a window, rounded to 0.01 ms; zeros when empty."""
+    if not values:
+        return {"p50": 0.0, "p95": 0.0, "p99": 0.0}
+    p50, p95, p99 = np.percentile(np.fromiter(values, dtype=np.float64), [50, 95, 99])
+    return {"p50": round(float(p50), 2), "p95": round(float(p95), 2), "p99": round(float(p99), 2)}
+
+
+@dataclass
+class PipelineStats:
+    """What one pipeline has done so far. Mutated by its threads under `lock`."""
+
+    name: str
+    source_uri: str
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    state: str = "starting"  # starting | running | reconnecting | ended | failed
+    error: str | None = None
+    provider: str | None = None
+    model_name: str | None = None
+    model_sha256: str | None = None
+    frames_captured: int = 0
+    frames: int = 0  # frames that produced a result
+    dropped_frames: int = 0
+    reconnects: int = 0
+    last_result_mono: float | None = None
+    _stamps: deque[float] = field(default_factory=lambda: deque(maxlen=64), repr=False)
+    _lat: dict[str, deque[float]] = field(
+        default_factory=lambda: {k: deque(maxlen=WINDOW) for k in ("pre", "infer", "post", "total")},
+        repr=False,
+    )
+
+    def set_state(self, state: str, error: str | None = None) -> None:
+        """Record the source/pipeline state (and the last error, if any)."""
+        with self.lock:
+            self.state = state
+            if error is not None:
+                self.error = error
+
+    def count_capture(self, dropped: int) -> None:
+        """A frame was captured; `dropped` frames were overwritten unseen before it."""
+        with self.lock:
+            self.frames_captured += 1
+            self.dropped_frames += dropped
+
+    def count_reconnect(self) -> None:
+        """The source is being reopened."""
+        with self.lock:
+            self.reconnects += 1
+
+    def record_result(self, pre_ms: float, infer_ms: float, post_ms: float) -> None:
+        """One frame went through the model."""
+        now = time.monotonic()
+        with self.lock:
+            self.frames += 1
+            self.last_result_mono = now
+            self._stamps.append(now)
+            for key, value in (("pre", pre_ms), ("infer", infer_ms), ("post", post_ms)):
+                self._lat[key].append(value)
+            self._lat["total"].append(pre_ms + infer_ms + post_ms)
+
+    def fps(self) -> float:
+        """Results per second over the recent window (0 when idle for > 5 s)."""
+        with self.lock:
+            stamps = list(self._stamps)
+        if len(stamps) < 2 or time.monotonic() - stamps[-1] > 5.0:
+            return 0.0
+        return round((len(stamps) - 1) / max(stamps[-1] - stamps[0], 1e-9), 2)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The `pipelines[]` entry of the status JSON."""
+        fps = self.fps()
+        with self.lock:
+            lat = {k: percentiles(v) for k, v in self._lat.items()}
+            total = lat.pop("total")
+            return {
+                "name": self.name,
+                "source": self.source_uri,
+                "state": self.state,
+                "error": self.error,
+                "fps": fps,
+                "frames": self.frames,
+                "frames_captured": self.frames_captured,
+                "dropped_frames": self.dropped_frames,
+                "reconnects": self.reconnects,
+                "provider": self.provider,
+                "model": {"name": self.model_name, "sha256": self.model_sha256},
+                "latency_ms": {**total, "stages": lat},
+            }
+
+
+@dataclass
+class MqttStats:
+    """Publisher counters; mutated by the publisher thread."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    enabled: bool = True
+    broker: str = ""
+    connected: bool = False
+    published: int = 0  # acknowledged by the broker
+    failed: int = 0  # PUBACK with a failure reason code
+    last_publish_ts: float | None = None
+    last_error: str | None = None
+    connects: int = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        """The `mqtt` entry of the status JSON."""
+        with self.lock:
+            return {
+                "enabled": self.enabled,
+                "broker": self.broker,
+                "connected": self.connected,
+                "published": self.published,
+                "failed": self.failed,
+                "last_publish_ts": self.last_publish_ts,
+                "last_error": self.last_error,
+                "connects": self.connects,
+            }

@@ -1,0 +1,318 @@
+"""Shared fixtures: a real Mosquitto broker, a subscriber, tiny real ONNX models, daemon processes."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import paho.mqtt.client as paho
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+from paho.mqtt.enums import CallbackAPIVersion
+
+from edged.inference.preprocess import PreprocessSpec
+
+REPO = Path(__file__).resolve().parent.parent
+ASSETS = REPO / "edged" / "assets"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+# -- Mosquitto -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Broker:
+    host: str
+    port: int
+    workdir: Path
+    proc: subprocess.Popen[bytes] | None = None
+    extra_conf: str = ""
+    persistent: bool = False  # keep subscriber sessions across a broker restart
+
+    def start(self) -> None:
+        exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+        if not Path(exe).exists():
+            pytest.fail("mosquitto is not installed; the README's test command installs it (apt-get install mosquitto)")
+        conf = self.workdir / "mosquitto.conf"
+        persistence = f"persistence true\npersistence_location {self.workdir}/\n" if self.persistent else ""
+        conf.write_text(
+            # `user`: stay the user we are, so the broker can read files in pytest's private tmp dirs
+            f"listener {self.port} 127.0.0.1\nallow_anonymous true\nuser {getpass.getuser()}\n{persistence}"
+            "max_inflight_messages 0\nmax_queued_messages 100000\n" + self.extra_conf,
+            encoding="utf-8",
+        )
+        with (self.workdir / "mosquitto.log").open("ab") as log:
+            self.proc = subprocess.Popen([exe, "-c", str(conf)], stdout=log, stderr=log)
+        wait_for(self._answers, 10, f"mosquitto on port {self.port}")
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[Broker]:
+    """One broker for the session (tests use their own topics via distinct device ids)."""
+    with tempfile.TemporaryDirectory(prefix="edged-mq-") as d:
+        b = Broker("127.0.0.1", free_port(), Path(d))
+        b.start()
+        yield b
+        b.stop()
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[Broker]:
+    """A broker the test starts and stops itself (not started yet)."""
+    b = Broker("127.0.0.1", free_port(), tmp_path)
+    yield b
+    b.stop()
+
+
+@dataclass
+class Subscriber:
+    """Collects every message on a topic filter (paho's own thread; a test helper, not the code under test)."""
+
+    host: str
+    port: int
+    topic: str
+    persistent: bool = False  # a clean_session=False session: the broker queues for it while it is away
+    messages: list[tuple[str, bytes, bool]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.subscribed = threading.Event()
+        self.client = paho.Client(
+            callback_api_version=CallbackAPIVersion.VERSION2,
+            client_id=f"sub-{os.getpid()}-{id(self)}",
+            clean_session=not self.persistent,
+        )
+        self.client.reconnect_delay_set(0.05, 0.3)
+        self.client.on_connect = lambda c, *_: c.subscribe(self.topic, qos=1)
+        self.client.on_subscribe = lambda *_: self.subscribed.set()
+        self.client.on_message = self._on_message
+        self.client.connect(self.host, self.port)
+        self.client.loop_start()
+        assert self.subscribed.wait(10), "subscriber could not subscribe"
+
+    def _on_message(self, _c: Any, _u: Any, msg: paho.MQTTMessage) -> None:
+        with self.lock:
+            self.messages.append((msg.topic, bytes(msg.payload), bool(msg.retain)))
+
+    def results(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [json.loads(p) for t, p, _ in self.messages if t.endswith("/results")]
+
+    def payloads(self, topic: str) -> list[tuple[bytes, bool]]:
+        with self.lock:
+            return [(p, r) for t, p, r in self.messages if t == topic]
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+@pytest.fixture
+def subscribe() -> Iterator[Callable[..., Subscriber]]:
+    subs: list[Subscriber] = []
+
+    def make(b: Broker, topic: str, *, persistent: bool = False) -> Subscriber:
+        s = Subscriber(b.host, b.port, topic, persistent)
+        subs.append(s)
+        return s
+
+    yield make
+    for s in subs:
+        s.close()
+
+
+# -- tiny real models --------------------------------------------------------------------------------------
+
+
+def make_tiny_model(path: Path, *, size: int = 8, classes: int = 4, with_metadata: bool = True) -> Path:
+    """A real ONNX classifier: mean colour per channel -> Gemm -> logits. Class = brightest channel (R,G,B)."""
+    x = helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, classes])
+    w = np.zeros((3, classes), dtype=np.float32)
+    for i in range(min(3, classes)):
+        w[i, i] = 10.0
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["image"], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "W", "B"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [x],
+        [y],
+        initializer=[
+            numpy_helper.from_array(w, "W"),
+            numpy_helper.from_array(np.zeros(classes, np.float32), "B"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    if with_metadata:
+        spec = PreprocessSpec(size=(size, size), resize="stretch", color="rgb", layout="nchw", dtype="float32")
+        helper.set_model_props(
+            model,
+            {
+                "edged.preprocess": spec.to_metadata(),
+                "edged.labels": json.dumps(["red", "green", "blue", "none"][:classes]),
+                "edged.name": "tiny",
+            },
+        )
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+@pytest.fixture
+def tiny_model(tmp_path: Path) -> Path:
+    return make_tiny_model(tmp_path / "tiny.onnx")
+
+
+def make_video(path: Path, frames: int, *, size: tuple[int, int] = (64, 48), fps: float = 20.0) -> Path:
+    """A real mp4 whose frame i is pure red, green or blue (i % 3)."""
+    import cv2
+
+    fourcc = "MJPG" if path.suffix == ".avi" else "mp4v"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), fps, size)
+    assert writer.isOpened()
+    colors = [(0, 0, 255), (0, 255, 0), (255, 0, 0)]  # BGR: red, green, blue
+    for i in range(frames):
+        img = np.zeros((size[1], size[0], 3), np.uint8)
+        img[:] = colors[i % 3]
+        writer.write(img)
+    writer.release()
+    return path
+
+
+# -- configs and daemon processes ----------------------------------------------------------------------------
+
+
+def write_config(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def base_config(
+    tmp_path: Path, model: Path, uri: str, *, broker: Broker | None = None, **source: Any
+) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "device_id": f"t{os.getpid()}-{tmp_path.name[-12:].replace('_', '-')}",
+        "state_dir": str(tmp_path / "state"),
+        "mqtt": {
+            "enabled": broker is not None,
+            "host": "127.0.0.1",
+            "port": broker.port if broker else 1,
+            "reconnect_min_s": 0.1,
+            "reconnect_max_s": 0.5,
+        },
+        "spool": {"batch_ms": 50},
+        "pipelines": [
+            {
+                "name": "cam0",
+                "source": {
+                    "type": "camera",
+                    "uri": uri,
+                    "fps": 0,
+                    "stop_at_end": True,
+                    "reconnect_min_s": 0.05,
+                    "reconnect_max_s": 0.2,
+                    **source,
+                },
+                "model": {"path": str(model), "providers": ["CPUExecutionProvider"], "warmup_runs": 1},
+            }
+        ],
+    }
+    return cfg
+
+
+@dataclass
+class DaemonProc:
+    proc: subprocess.Popen[str]
+    socket: Path
+
+    def status(self) -> dict[str, Any] | None:
+        from edged.errors import StatusError
+        from edged.status import query
+
+        try:
+            return query(self.socket, timeout=1.0)
+        except StatusError:
+            return None
+
+    def wait(self, timeout: float = 60) -> tuple[int, str]:
+        """Wait for the daemon to exit by itself; (exit code, stderr)."""
+        _, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, err
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> tuple[int, str]:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        _, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, err
+
+
+@pytest.fixture
+def start_daemon() -> Iterator[Callable[[Path], DaemonProc]]:
+    procs: list[DaemonProc] = []
+
+    def start(config: Path) -> DaemonProc:
+        state = yaml.safe_load(config.read_text())["state_dir"]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "edged", "run", "--config", str(config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        d = DaemonProc(proc, Path(state) / "status.sock")
+        procs.append(d)
+        return d
+
+    yield start
+    for d in procs:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.communicate()

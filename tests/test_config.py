@@ -1,0 +1,138 @@
+"""Config: strict schema, errors as `file:line key=value: message`, check-config exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from edged.config import load_config
+from edged.errors import ConfigError
+
+
+def write(tmp_path: Path, body: str, model: Path) -> Path:
+    path = tmp_path / "edged.yaml"
+    path.write_text(textwrap.dedent(body).format(model=model), encoding="utf-8")
+    return path
+
+
+GOOD = """\
+device_id: pi-kitchen-01
+state_dir: state
+pipelines:
+  - name: cam0
+    source: {{type: camera, uri: /dev/video0}}
+    model: {{path: {model}}}
+"""
+
+
+def problems(path: Path) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    return info.value.problems
+
+
+def test_minimal_config_gets_defaults(tmp_path: Path, tiny_model: Path) -> None:
+    cfg = load_config(write(tmp_path, GOOD, tiny_model))
+    assert cfg.state_dir == tmp_path / "state"  # relative to the config file
+    assert cfg.mqtt.qos == 1
+    assert cfg.pipelines[0].model.providers[-1] == "CPUExecutionProvider"
+    assert cfg.pipelines[0].postprocess.type == "classify"
+    assert cfg.status_socket == tmp_path / "state" / "status.sock"
+
+
+def test_unknown_key_names_file_line_key_and_value(tmp_path: Path, tiny_model: Path) -> None:
+    body = GOOD + "    postproces: {{type: raw}}\n"
+    path = write(tmp_path, body, tiny_model)
+    assert problems(path) == [
+        f"{path}:7 pipelines[0].postproces="
+        '{"type": "raw"}: unknown key; check the spelling against the config reference in README.md'
+    ]
+
+
+def test_wrong_type(tmp_path: Path, tiny_model: Path) -> None:
+    body = GOOD.replace("uri: /dev/video0}}", "uri: /dev/video0, fps: fast}}")
+    path = write(tmp_path, body, tiny_model)
+    assert problems(path) == [
+        f"{path}:5 pipelines[0].source.fps=fast: Input should be a valid number, unable to parse string as a number"
+    ]
+
+
+def test_missing_model_file(tmp_path: Path, tiny_model: Path) -> None:
+    path = write(tmp_path, GOOD, tmp_path / "nope.onnx")
+    assert problems(path) == [
+        f"{path}:6 pipelines[0].model.path={tmp_path / 'nope.onnx'}: "
+        f"model file not found: {tmp_path / 'nope.onnx'}; check model.path"
+    ]
+
+
+def test_bad_provider_name(tmp_path: Path, tiny_model: Path) -> None:
+    body = GOOD.replace("{{path: {model}}}", "{{path: {model}, providers: [CUDAProvider]}}")
+    (problem,) = problems(write(tmp_path, body, tiny_model))
+    assert ":6 pipelines[0].model.providers=[\"CUDAProvider\"]: unknown execution provider 'CUDAProvider'" in problem
+    assert "did you mean CUDAExecutionProvider?" in problem
+
+
+def test_missing_required_key_and_several_problems_at_once(tmp_path: Path, tiny_model: Path) -> None:
+    body = """\
+    device_id: x
+    mqtt:
+      qos: 2
+    pipelines:
+      - name: cam0
+        source: {{type: camera}}
+        model: {{path: {model}}}
+    """
+    path = write(tmp_path, body, tiny_model)
+    assert problems(path) == [
+        f"{path}:3 mqtt.qos=2: must be one of 0 or 1",
+        f"{path}:6 pipelines[0].source.uri=<missing>: required key is missing",
+    ]
+
+
+def test_yaml_syntax_error_has_a_line(tmp_path: Path, tiny_model: Path) -> None:
+    path = write(tmp_path, GOOD + "  - name: [unclosed\n", tiny_model)
+    (problem,) = problems(path)
+    assert problem.startswith((f"{path}:8 yaml:", f"{path}:9 yaml:"))
+
+
+def test_duplicate_pipeline_names(tmp_path: Path, tiny_model: Path) -> None:
+    body = GOOD + "  - name: cam0\n    source: {{type: camera, uri: 1}}\n    model: {{path: {model}}}\n"
+    (problem,) = problems(write(tmp_path, body, tiny_model))
+    assert "pipeline name 'cam0' is used twice" in problem
+
+
+def test_world_writable_status_socket_is_refused(tmp_path: Path, tiny_model: Path) -> None:
+    body = GOOD + "status: {{mode: 0o666}}\n"
+    (problem,) = problems(write(tmp_path, body, tiny_model))
+    assert "must not be world-writable" in problem
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "edged", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_check_config_cli_exit_codes(tmp_path: Path, tiny_model: Path) -> None:
+    good = write(tmp_path, GOOD, tiny_model)
+    ok = run_cli("check-config", str(good))
+    assert ok.returncode == 0, ok.stderr
+    assert "OK (1 pipeline(s)" in ok.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(GOOD.format(model=tiny_model).replace("device_id", "devce_id"), encoding="utf-8")
+    res = run_cli("check-config", str(bad))
+    assert res.returncode == 1
+    assert f"{bad}:1 devce_id=pi-kitchen-01: unknown key" in res.stderr
+
+
+def test_run_refuses_invalid_config_with_the_same_message(tmp_path: Path, tiny_model: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(GOOD.format(model=tiny_model).replace("device_id", "devce_id"), encoding="utf-8")
+    check = run_cli("check-config", str(bad))
+    run = run_cli("run", "--config", str(bad))
+    assert run.returncode == 1
+    assert run.stderr.strip() == check.stderr.strip()

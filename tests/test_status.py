@@ -1,0 +1,139 @@
+"""Status socket, `edged status` rendering, sd_notify, and an in-process daemon that stops every thread."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import base_config, make_video, wait_for
+
+from edged.config import config_from_dict
+from edged.daemon import Daemon
+from edged.errors import StatusError
+from edged.status import StatusServer, exit_code, query, render
+
+
+def test_server_answers_with_a_snapshot_and_is_not_world_writable(tmp_path: Path) -> None:
+    server = StatusServer(tmp_path / "s.sock", lambda: {"state": "running", "pipelines": []})
+    server.start()
+    try:
+        assert query(tmp_path / "s.sock") == {"state": "running", "pipelines": []}
+        assert stat.S_IMODE((tmp_path / "s.sock").stat().st_mode) == 0o660
+    finally:
+        server.stop()
+    assert not server.is_alive()
+    assert not (tmp_path / "s.sock").exists()
+
+
+def test_a_stale_socket_is_replaced_and_a_live_one_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()  # the file stays, nobody listens: a daemon that died
+    server = StatusServer(path, lambda: {"state": "running"})
+    server.start()
+    try:
+        with pytest.raises(StatusError, match="another edged is already running"):
+            StatusServer(path, dict)
+    finally:
+        server.stop()
+
+
+def test_client_explains_permission_errors(tmp_path: Path) -> None:
+    path = tmp_path / "s.sock"
+    server = StatusServer(path, lambda: {"state": "running"}, mode=0o600)
+    server.start()
+    read_end, write_end = os.pipe()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: the child only queries
+            pid = os.fork()
+        if pid == 0:  # child: become an unprivileged user (root ignores file modes), then ask
+            code = 0
+            try:
+                if os.geteuid() == 0:
+                    os.setgid(65534)
+                    os.setuid(65534)
+                else:
+                    path.chmod(0)
+                query(path)
+            except StatusError as exc:
+                os.write(write_end, str(exc).encode())
+            except BaseException:  # noqa: BLE001
+                code = 1
+            os._exit(code)
+        os.close(write_end)
+        _, status = os.waitpid(pid, 0)
+        message = os.read(read_end, 4096).decode()
+    finally:
+        os.close(read_end)
+        server.stop()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert message.startswith(f"permission denied on {path}")
+    assert "usermod -aG edged" in message
+
+
+def test_exit_codes_and_table_render(capsys: pytest.CaptureFixture[str]) -> None:
+    snap: dict[str, Any] = {
+        "state": "degraded",
+        "device_id": "pi",
+        "uptime_s": 12,
+        "pipelines": [
+            {
+                "name": "cam0",
+                "state": "reconnecting",
+                "fps": 0,
+                "frames": 3,
+                "dropped_frames": 1,
+                "reconnects": 4,
+                "provider": "CPUExecutionProvider",
+                "latency_ms": {"p50": 1, "p95": 2, "p99": 3},
+                "source": "/dev/video0",
+                "model": {"name": "digits", "sha256": "ab" * 32},
+                "error": "/dev/video0: cannot open",
+            }
+        ],
+        "spool": {"depth": 7, "bytes": 2048, "oldest_age_s": 30, "dropped": 0},
+        "mqtt": {"enabled": True, "connected": False, "broker": "b:1883", "published": 0, "last_error": "refused"},
+    }
+    assert exit_code(snap) == 1
+    assert exit_code({**snap, "state": "running"}) == 0
+    render(snap, color=False)
+    out = capsys.readouterr().out
+    assert "degraded" in out
+    assert "cam0" in out
+    assert "reconnecting" in out
+    assert "depth 7" in out
+    assert "disconnected b:1883" in out
+    assert "\x1b[" not in out  # no colour codes off a TTY
+
+
+def test_sd_notify_ready_only_after_warmup_and_every_thread_stops(tmp_path: Path, tiny_model: Path) -> None:
+    # a datagram socket stands in for systemd's NOTIFY_SOCKET
+    notify_path = tmp_path / "notify"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(notify_path))
+    sock.settimeout(5)
+    video = make_video(tmp_path / "v.mp4", 10)
+    cfg = config_from_dict(base_config(tmp_path, tiny_model, str(video), fps=20, loop=True, stop_at_end=False))
+    os.environ["NOTIFY_SOCKET"] = str(notify_path)
+    try:
+        daemon = Daemon(cfg)
+        daemon.start()
+        assert sock.recv(4096) == b"READY=1"
+        assert daemon.pipelines[0].stats.provider == "CPUExecutionProvider"  # the model was loaded first
+        wait_for(lambda: daemon.pipelines[0].stats.frames >= 3, 10, "results")
+        names = {t.name for t in threading.enumerate() if t.name.startswith("edged-")}
+        assert {"edged-source-cam0", "edged-infer-cam0", "edged-spool-writer", "edged-status"} <= names
+        daemon.stop()
+        assert sock.recv(4096) == b"STOPPING=1"
+    finally:
+        del os.environ["NOTIFY_SOCKET"]
+        sock.close()
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("edged-")]
