@@ -165,6 +165,12 @@ class MqttConfig(Strict):
     host: str = Field("localhost", description="Broker host name or address.")
     port: int = Field(1883, ge=1, le=65535)
     protocol: Literal["3.1.1", "5"] = Field("5", description="MQTT protocol version.")
+
+    @field_validator("protocol", mode="before")
+    @classmethod
+    def _protocol_as_text(cls, value: object) -> object:
+        return str(value) if isinstance(value, int | float) else value  # `protocol: 5` in YAML is a number
+
     qos: Literal[0, 1] = Field(1, description="1 = at-least-once: rows leave the spool on PUBACK only.")
     client_id: str | None = Field(None, description="Default edged-<device_id>.")
     keepalive_s: int = Field(30, ge=5, le=3600)

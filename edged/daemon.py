@@ -25,6 +25,7 @@ from edged.systemd import notify
 log = logging.getLogger(__name__)
 
 STATUS_EVERY_S = 5.0
+LOG_EVERY_S = 60.0  # a one-line summary in the journal
 SOURCE_JOIN_S = 5.0
 WORKER_JOIN_S = 30.0
 
@@ -62,6 +63,7 @@ class Daemon:
             PipelineRuntime(p, PipelineStats(p.name, str(p.source.uri)), FrameSlot()) for p in config.pipelines
         ]
         self.spool: Spool | None = None
+        self.left_in_spool = 0  # results still waiting for the broker when stop() finished
         self.publisher: Publisher | None = None
         self.status_server: StatusServer | None = None
 
@@ -132,9 +134,13 @@ class Daemon:
 
     def wait(self) -> None:
         """Block until a stop is requested or every pipeline has ended; refresh sd_notify STATUS=."""
+        next_log = time.monotonic() + LOG_EVERY_S
         while not self._stop.wait(STATUS_EVERY_S if os.environ.get("NOTIFY_SOCKET") else 0.5):
             if os.environ.get("NOTIFY_SOCKET"):
                 notify("STATUS=" + self.status_line())
+            if time.monotonic() >= next_log:
+                next_log += LOG_EVERY_S
+                log.info("%s", self.status_line())
             for rt in self.pipelines:
                 if rt.worker is not None and not rt.worker.is_alive() and rt.source is not None:
                     rt.source.stop()  # a failed pipeline's source has nobody to feed
@@ -164,6 +170,8 @@ class Daemon:
             grace = self.config.mqtt.shutdown_grace_s
             self.publisher.request_stop(grace)
             self.publisher.join(grace + 15.0)
+        if self.spool is not None:
+            self.left_in_spool = self.spool.depth
         self._close_partial()
         log.info("edged stopped")
 

@@ -95,11 +95,7 @@ def run_demo(*, state_dir: Path, host: str, port: int, fps: float | None, loop: 
     accuracy = printer.correct / printer.seen if printer.seen else 0.0
     print(f"\n{printer.seen} frames, top-1 accuracy {accuracy:.1%} against the video's labels")
     print(f"published {snap_mqtt['published']} result(s) to {host}:{port}")
-    from edged.spool import Spool  # noqa: PLC0415
-
-    spool = Spool(config.state_dir / "spool.db")
-    left = spool.depth
-    spool.close()
+    left = daemon.left_in_spool
     if left:
         print(f"{left} result(s) wait in {config.state_dir / 'spool.db'}; they go out when a broker answers")
     return code

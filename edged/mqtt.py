@@ -62,7 +62,9 @@ class Publisher(threading.Thread):
         self._cursor = 0
         self._seen_commits = -1
         self._failed_rows = False
+        self._retry_at = 0.0  # refused rows are sent again from then on
         self._backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
+        self._refused_backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
         with stats.lock:
             stats.broker = f"{cfg.host}:{cfg.port}"
 
@@ -156,7 +158,7 @@ class Publisher(threading.Thread):
         room = self.cfg.max_inflight - len(self._inflight)
         if room <= 0:
             return
-        if self._failed_rows and not self._inflight:
+        if self._failed_rows and not self._inflight and time.monotonic() >= self._retry_at:
             self._failed_rows = False  # rows the broker refused: send them again from the oldest
             self._cursor = 0
             self._seen_commits = -1
@@ -205,6 +207,8 @@ class Publisher(threading.Thread):
             self._early[mid] = reason
             return
         if getattr(reason, "is_failure", False):
+            if not self._failed_rows:
+                self._retry_at = time.monotonic() + self._refused_backoff.next_delay()
             self._failed_rows = True
             with self.stats.lock:
                 self.stats.failed += 1
@@ -212,6 +216,7 @@ class Publisher(threading.Thread):
             log.warning("mqtt: broker refused row %d (%s); it stays in the spool", row_id, reason)
             return
         self.spool.ack([row_id])
+        self._refused_backoff.reset()
         with self.stats.lock:
             self.stats.published += 1
             self.stats.last_publish_ts = time.time()

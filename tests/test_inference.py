@@ -201,3 +201,32 @@ def test_prepared_model_classifies_real_frames(tiny_model: Path, tmp_path: Path)
     result = model.post(model.loaded.run(model.pre(green)))
     assert result["top"][0]["label"] == "green"
     assert yaml.safe_dump(result)  # plain types only
+
+
+@pytest.mark.parametrize(
+    ("meta", "message"),
+    [
+        ('{"color": "RGB"}', r"color: Input should be 'rgb', 'bgr' or 'gray'"),
+        ('{"dtype": "float64"}', "dtype: Input should be"),
+        ("[1, 2]", "must be a JSON object"),
+        ("{not json", "is not valid JSON"),
+    ],
+)
+def test_bad_preprocess_metadata_is_a_model_error(meta: str, message: str) -> None:
+    with pytest.raises(ModelError, match=message):
+        PreprocessSpec.resolve(None, {"edged.preprocess": meta}, [1, 3, 8, 8], "tensor(float)")
+
+
+def test_scalar_mean_in_metadata_applies_to_every_channel() -> None:
+    spec = PreprocessSpec.resolve(
+        None, {"edged.preprocess": '{"mean": 0.5, "std": 0.25}'}, [1, 3, 8, 8], "tensor(float)"
+    )
+    assert (spec.mean, spec.std) == ((0.5,), (0.25,))
+
+
+@pytest.mark.parametrize("channels", [1, 4])
+def test_single_channel_and_bgra_frames(channels: int) -> None:
+    spec = PreprocessSpec(size=(4, 4), color="rgb", layout="nchw")
+    out = Preprocessor(spec)(np.full((4, 4, channels), 255, np.uint8))
+    assert out.shape == (1, 3, 4, 4)
+    np.testing.assert_allclose(out, 1.0)

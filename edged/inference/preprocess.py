@@ -9,6 +9,7 @@ from typing import Any
 import cv2
 import numpy as np
 import numpy.typing as npt
+from pydantic import ValidationError
 
 from edged.config import PreprocessConfig
 from edged.errors import ModelError
@@ -77,8 +78,7 @@ class PreprocessSpec:
                 meta = json.loads(raw)
             except json.JSONDecodeError as exc:
                 raise ModelError(f"model metadata {METADATA_KEY!r} is not valid JSON: {exc}") from exc
-            known = {f.name for f in fields(cls)}
-            values.update({k: v for k, v in meta.items() if k in known and v is not None})
+            values.update(_checked_metadata(meta))
         if config is not None:
             values.update({k: v for k, v in config.model_dump().items() if v is not None})
         if "size" not in values:
@@ -109,6 +109,22 @@ class PreprocessSpec:
             n = len(getattr(self, name))
             if n not in (1, self.channels):
                 raise ModelError(f"preprocess.{name} has {n} values; give 1 or {self.channels}")
+
+
+def _checked_metadata(meta: object) -> dict[str, Any]:
+    """The model's own preprocessing, held to the same rules as the config (unknown keys ignored)."""
+    if not isinstance(meta, dict):
+        raise ModelError(f"model metadata {METADATA_KEY!r} must be a JSON object")
+    known = {k: v for k, v in meta.items() if k in PreprocessConfig.model_fields and v is not None}
+    for key in ("mean", "std"):
+        if isinstance(known.get(key), int | float):
+            known[key] = [known[key]]  # one number for every channel
+    try:
+        checked = PreprocessConfig.model_validate(known)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ModelError(f"model metadata {METADATA_KEY!r} is invalid ({problems}); override it in preprocess") from exc
+    return {k: v for k, v in checked.model_dump().items() if v is not None}
 
 
 def _infer_from_input(shape: list[Any], input_type: str) -> dict[str, Any]:
@@ -203,6 +219,10 @@ class Preprocessor:
 
     def _convert_color(self, img: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
         color = self.spec.color
+        if img.ndim == 3 and img.shape[2] == 1:
+            img = img[:, :, 0]
+        elif img.ndim == 3 and img.shape[2] == 4:
+            img = np.asarray(cv2.cvtColor(img, cv2.COLOR_BGRA2BGR))
         if img.ndim == 2:
             return (
                 img
