@@ -77,7 +77,16 @@ class ModelConfig(Strict):
     require_provider: bool = Field(
         False, description="Fail at startup instead of warning when the first provider is not used."
     )
-    threads: int = Field(0, ge=0, description="intra_op threads; 0 lets ONNX Runtime decide.")
+    threads: int = Field(
+        0, ge=0, description="intra_op threads per model run; 0 = auto (see concurrency and the README)."
+    )
+    concurrency: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="Frames run through the model at once, by threads sharing the one session; 0 = auto: "
+        "on the CPU provider one run per core (max 4) with one thread each, on a GPU provider 1.",
+    )
     inter_op_threads: int = Field(0, ge=0, description="inter_op threads; 0 lets ONNX Runtime decide.")
     warmup_runs: int = Field(2, ge=0, description="Runs on a blank input before the pipeline is ready.")
     cuda_device_id: int = Field(0, ge=0, description="GPU index for CUDA and TensorRT.")
@@ -118,6 +127,9 @@ class PreprocessConfig(Strict):
 
     size: tuple[int, int] | None = Field(None, description="[width, height] of the model input.")
     resize: Literal["stretch", "letterbox"] | None = Field(None, description="How to fit the frame.")
+    interpolation: Literal["nearest", "linear", "area", "cubic"] | None = Field(
+        None, description="Resampling used to resize (default linear, OpenCV's default)."
+    )
     color: Literal["rgb", "bgr", "gray"] | None = Field(None, description="Channel order fed to the model.")
     layout: Literal["nchw", "nhwc"] | None = Field(None, description="Tensor layout.")
     dtype: Literal["float32", "float16", "uint8", "int8"] | None = Field(None, description="Tensor dtype.")

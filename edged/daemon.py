@@ -7,7 +7,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -15,7 +15,7 @@ from edged import __version__
 from edged.config import Config, PipelineConfig
 from edged.errors import EdgedError
 from edged.mqtt import Publisher, topic_for
-from edged.pipeline import InferenceWorker, ResultHook, prepare_model
+from edged.pipeline import InferenceWorker, ResultHook, Turnstile, prepare_model
 from edged.sources import FrameSlot, Source, make_source
 from edged.spool import Spool
 from edged.stats import MqttStats, PipelineStats
@@ -38,7 +38,11 @@ class PipelineRuntime:
     stats: PipelineStats
     slot: FrameSlot
     source: Source | None = None
-    worker: InferenceWorker | None = None
+    workers: list[InferenceWorker] = field(default_factory=list)
+
+    def running(self) -> bool:
+        """True while any inference worker of the pipeline is alive."""
+        return any(w.is_alive() for w in self.workers)
 
 
 class Daemon:
@@ -92,24 +96,31 @@ class Daemon:
             self.publisher.start()
         for rt, model in zip(self.pipelines, models, strict=True):
             topic = topic_for(cfg.mqtt.topic, cfg.device_id, rt.cfg.name)
-            rt.worker = InferenceWorker(
-                rt.cfg,
-                model,
-                slot=rt.slot,
-                spool=self.spool,
-                stats=rt.stats,
-                device_id=cfg.device_id,
-                topic=topic,
-                on_result=self.on_result,
-            )
+            turnstile = Turnstile(rt.slot)
+            rt.workers = [
+                InferenceWorker(
+                    rt.cfg,
+                    model,
+                    turnstile=turnstile,
+                    spool=self.spool,
+                    stats=rt.stats,
+                    device_id=cfg.device_id,
+                    topic=topic,
+                    on_result=self.on_result,
+                    index=i,
+                )
+                for i in range(model.loaded.concurrency)
+            ]
             rt.source = make_source(
                 rt.cfg.source,
                 slot=rt.slot,
                 stats=rt.stats,
                 name=f"edged-source-{rt.cfg.name}",
+                transform=model.pre,
                 **self.source_kwargs,
             )
-            rt.worker.start()
+            for worker in rt.workers:
+                worker.start()
             rt.source.start()
         self.state = "running"
         notify("READY=1")
@@ -142,9 +153,9 @@ class Daemon:
                 next_log += LOG_EVERY_S
                 log.info("%s", self.status_line())
             for rt in self.pipelines:
-                if rt.worker is not None and not rt.worker.is_alive() and rt.source is not None:
+                if not rt.running() and rt.source is not None:
                     rt.source.stop()  # a failed pipeline's source has nobody to feed
-            if all(rt.worker is not None and not rt.worker.is_alive() for rt in self.pipelines):
+            if not any(rt.running() for rt in self.pipelines):
                 log.info("every pipeline has ended; stopping")
                 return
 
@@ -162,8 +173,8 @@ class Daemon:
             if rt.source is not None:
                 rt.source.join(SOURCE_JOIN_S)
         for rt in self.pipelines:
-            if rt.worker is not None:
-                rt.worker.join(WORKER_JOIN_S)
+            for worker in rt.workers:
+                worker.join(WORKER_JOIN_S)
         if self.spool is not None and not self.spool.flush():
             log.error("spool: could not commit every result before stopping")
         if self.publisher is not None:

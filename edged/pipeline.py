@@ -6,7 +6,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,25 +45,69 @@ def prepare_model(cfg: PipelineConfig, state_dir: Path) -> Model:
     return Model(loaded, Preprocessor(spec), post)
 
 
+class Turnstile:
+    """Keeps results in capture order when several workers run frames at once.
+
+    A worker takes a frame and a ticket together; after its model run it waits for its ticket's turn
+    before it numbers (`seq`) and stores the result. A worker that fails still passes its turn on.
+    """
+
+    def __init__(self, slot: FrameSlot) -> None:
+        self.slot = slot
+        self._take = threading.Lock()
+        self._turn = threading.Condition()
+        self._next_ticket = 0
+        self._serving = 0
+
+    def take(self, timeout: float) -> tuple[Frame, int] | None:
+        """The next frame and its ticket, or None on timeout / when the source is done."""
+        with self._take:
+            frame = self.slot.get(timeout)
+            if frame is None:
+                return None
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            return frame, ticket
+
+    @contextmanager
+    def turn(self, ticket: int) -> Iterator[None]:
+        """Wait until every earlier ticket was served, run the body, then let the next one in."""
+        with self._turn:
+            while self._serving != ticket:
+                self._turn.wait()
+        try:
+            yield
+        finally:
+            with self._turn:
+                self._serving += 1
+                self._turn.notify_all()
+
+
 class InferenceWorker(threading.Thread):
-    """Takes the latest frame, runs the model, builds the message, appends it to the spool."""
+    """Takes the latest frame, runs the model, builds the message, appends it to the spool.
+
+    A pipeline runs `model.concurrency` of these on one session; a Turnstile keeps their results in
+    capture order, so `seq` follows the frames.
+    """
 
     def __init__(
         self,
         cfg: PipelineConfig,
         model: Model,
         *,
-        slot: FrameSlot,
+        turnstile: Turnstile,
         spool: Spool,
         stats: PipelineStats,
         device_id: str,
         topic: str,
         on_result: ResultHook | None = None,
+        index: int = 0,
     ) -> None:
-        super().__init__(name=f"edged-infer-{cfg.name}", daemon=True)
+        suffix = f"-{index}" if index else ""
+        super().__init__(name=f"edged-infer-{cfg.name}{suffix}", daemon=True)
         self.cfg = cfg
         self.model = model
-        self.slot = slot
+        self.turnstile = turnstile
         self.spool = spool
         self.stats = stats
         self.device_id = device_id
@@ -77,27 +122,37 @@ class InferenceWorker(threading.Thread):
     def run(self) -> None:
         """Until the source closes its slot: the frame in flight is always finished and stored."""
         while True:
-            frame = self.slot.get(timeout=0.5)
-            if frame is None:
-                if self.slot.closed:
+            taken = self.turnstile.take(timeout=0.5)
+            if taken is None:
+                if self.turnstile.slot.closed:
                     return
                 continue
+            frame, ticket = taken
             try:
-                self._process(frame)
+                outcome = self._infer(frame)
             except Exception as exc:  # one pipeline's failure must not stop the others
-                self.stats.set_state("failed", f"inference failed: {exc}")
+                with self.turnstile.turn(ticket):
+                    self.stats.set_state("failed", f"inference failed: {exc}")
                 log.exception("pipeline %s: inference failed; this pipeline stops", self.cfg.name)
+                self.turnstile.slot.close()  # the other workers of this pipeline stop too
                 return
+            with self.turnstile.turn(ticket):
+                self._store(frame, *outcome)
 
-    def _process(self, frame: Frame) -> None:
-        t0 = time.perf_counter()
-        tensor = self.model.pre(frame.image)
+    def _infer(self, frame: Frame) -> tuple[dict[str, Any], float, float, float]:
+        tensor, pre_ms = frame.tensor, frame.pre_ms
+        if tensor is None:
+            t0 = time.perf_counter()
+            tensor = self.model.pre(frame.image)
+            pre_ms = (time.perf_counter() - t0) * 1e3
         t1 = time.perf_counter()
         outputs = self.model.loaded.run(tensor)
         t2 = time.perf_counter()
         result = self.model.post(outputs)
         t3 = time.perf_counter()
-        pre_ms, infer_ms, post_ms = (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3
+        return result, pre_ms, (t2 - t1) * 1e3, (t3 - t2) * 1e3
+
+    def _store(self, frame: Frame, result: dict[str, Any], pre_ms: float, infer_ms: float, post_ms: float) -> None:
         seq = self.spool.next_seq(self.cfg.name)
         message = {
             "v": MESSAGE_VERSION,

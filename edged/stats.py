@@ -45,8 +45,10 @@ class PipelineStats:
     )
 
     def set_state(self, state: str, error: str | None = None) -> None:
-        """Record the source/pipeline state (and the last error, if any)."""
+        """Record the source/pipeline state (and the last error, if any). "failed" is final."""
         with self.lock:
+            if self.state == "failed":
+                return
             self.state = state
             if error is not None:
                 self.error = error

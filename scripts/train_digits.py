@@ -65,6 +65,7 @@ FRAME_SIZE = (128, 96)  # width, height of the generated frames (and of the samp
 SPEC = PreprocessSpec(
     size=(48, 36),  # width, height: the frame's 4:3, so "stretch" keeps the digits' shape
     resize="stretch",
+    interpolation="area",  # the better downscaler; the daemon reads it from the model's metadata
     color="rgb",
     layout="nchw",
     dtype="float32",

@@ -230,3 +230,26 @@ def test_single_channel_and_bgra_frames(channels: int) -> None:
     out = Preprocessor(spec)(np.full((4, 4, channels), 255, np.uint8))
     assert out.shape == (1, 3, 4, 4)
     np.testing.assert_allclose(out, 1.0)
+
+
+def test_thread_plan(tiny_model: Path) -> None:
+    from edged.inference.session import thread_plan
+
+    auto = model_cfg(tiny_model)
+    assert thread_plan(auto, "CPUExecutionProvider", 2) == (2, 1)  # one single-threaded run per core
+    assert thread_plan(auto, "CPUExecutionProvider", 8) == (4, 2)  # at most 4 runs at once
+    assert thread_plan(auto, "CPUExecutionProvider", 1) == (1, 1)
+    assert thread_plan(auto, "CUDAExecutionProvider", 8) == (1, 0)  # a GPU runs one frame at a time
+    latency = model_cfg(tiny_model, threads=4, concurrency=1)
+    assert thread_plan(latency, "CPUExecutionProvider", 4) == (1, 4)
+    assert thread_plan(model_cfg(tiny_model, threads=2), "CPUExecutionProvider", 4) == (2, 2)
+
+
+def test_interpolation_is_configurable_and_defaults_to_linear() -> None:
+    frame = np.zeros((8, 8, 3), np.uint8)
+    frame[:, ::2] = 255  # one-pixel stripes: area averages them, nearest picks one
+    assert PreprocessSpec(size=(4, 4)).interpolation == "linear"
+    area = Preprocessor(PreprocessSpec(size=(4, 4), interpolation="area", layout="nhwc", dtype="uint8"))(frame)
+    nearest = Preprocessor(PreprocessSpec(size=(4, 4), interpolation="nearest", layout="nhwc", dtype="uint8"))(frame)
+    assert (area == 128).all() or (area == 127).all()
+    assert set(np.unique(nearest)) <= {0, 255}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ class LoadedModel:
     input_type: str
     output_names: list[str]
     metadata: dict[str, str] = field(default_factory=dict)
+    concurrency: int = 1  # runs the pipeline may make at once
 
     @property
     def provider(self) -> str:
@@ -62,6 +64,33 @@ def select_providers(requested: list[str], available: list[str]) -> list[str]:
     """The config's ordered list intersected with what this runtime offers; CPU when nothing is left."""
     chosen = [p for p in requested if p in available]
     return chosen or [CPU]
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (respects taskset/cgroup affinity)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def thread_plan(cfg: ModelConfig, provider: str, cores: int) -> tuple[int, int]:
+    """(concurrency, intra_op threads per run) for a model.
+
+    On the CPU provider the default is frame-level parallelism: one run per core (at most 4), each
+    single-threaded. For small edge models this beats one run spread over all cores (ONNX Runtime's
+    intra-op threads synchronise per operator and spin while they wait, burning CPU a Pi needs for
+    capture), and it keeps throughput up while the source thread decodes. `threads: N, concurrency: 1`
+    gives the lowest single-frame latency instead. GPU providers run one frame at a time.
+    """
+    if provider != CPU:
+        return cfg.concurrency or 1, cfg.threads
+    if cfg.concurrency and cfg.threads:
+        return cfg.concurrency, cfg.threads
+    if cfg.threads:
+        return max(1, cores // cfg.threads), cfg.threads
+    concurrency = cfg.concurrency or max(1, min(cores, 4))
+    return concurrency, max(1, cores // concurrency)
 
 
 def provider_options(cfg: ModelConfig, provider: str, state_dir: Path) -> dict[str, Any]:
@@ -96,9 +125,13 @@ def load_model(cfg: ModelConfig, state_dir: Path) -> LoadedModel:
     missing = [p for p in cfg.providers if p not in available]
     if missing:
         log.info("model %s: providers not offered by this onnxruntime build: %s", path.name, ", ".join(missing))
+    concurrency, threads = thread_plan(cfg, chosen[0], usable_cores())
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = cfg.threads
+    opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = cfg.inter_op_threads
+    if concurrency > 1 and threads > 1:
+        # concurrent runs share the session's one intra-op pool: spinning workers would fight each other
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
     for p in chosen:
@@ -124,7 +157,16 @@ def load_model(cfg: ModelConfig, state_dir: Path) -> LoadedModel:
     meta = session.get_modelmeta()
     metadata = dict(meta.custom_metadata_map)
     name = metadata.get("edged.name") or path.name.split(".")[0]
-    log.info("model %s (sha256 %s) on %s", name, sha[:12], ", ".join(used))
+    if used[0] != chosen[0]:
+        concurrency = 1  # planned for a provider the session does not use: be conservative
+    log.info(
+        "model %s (sha256 %s) on %s, %d run(s) at once x %s thread(s)",
+        name,
+        sha[:12],
+        ", ".join(used),
+        concurrency,
+        threads or "auto",
+    )
     return LoadedModel(
         session=session,
         path=path,
@@ -136,6 +178,7 @@ def load_model(cfg: ModelConfig, state_dir: Path) -> LoadedModel:
         input_type=inp.type,
         output_names=[o.name for o in session.get_outputs()],
         metadata=metadata,
+        concurrency=concurrency,
     )
 
 

@@ -13,11 +13,19 @@ import numpy.typing as npt
 
 @dataclass(frozen=True)
 class Frame:
-    """One captured frame. `ts` is the capture time (epoch seconds); `index` the source's frame number."""
+    """One captured frame. `ts` is the capture time (epoch seconds); `index` the source's frame number.
+
+    `tensor` is the model input when the source thread already preprocessed the frame (`pre_ms` long).
+    """
 
     image: npt.NDArray[np.uint8]
     ts: float
     index: int
+    tensor: npt.NDArray[Any] | None = None
+    pre_ms: float = 0.0
+
+
+Transform = Callable[[npt.NDArray[np.uint8]], npt.NDArray[Any]]
 
 
 class FrameSlot:
@@ -32,8 +40,13 @@ class FrameSlot:
         self._closed = False
 
     def put(self, frame: Frame) -> int:
-        """Store `frame`; return 1 when it replaced a frame the model never saw, else 0."""
+        """Store `frame`; return 1 when it replaced a frame the model never saw, else 0.
+
+        After `close()` (the consumer gave up) frames are not stored and count as dropped.
+        """
         with self._cond:
+            if self._closed:
+                return 1
             dropped = 1 if self._frame is not None else 0
             self._frame = frame
             self._cond.notify_all()

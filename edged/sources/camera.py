@@ -11,10 +11,11 @@ from typing import Any, Literal
 
 import cv2
 import numpy as np
+import numpy.typing as npt
 
 from edged.backoff import Backoff
 from edged.config import CameraSourceConfig
-from edged.sources.base import Frame, FrameSlot, Source, register
+from edged.sources.base import Frame, FrameSlot, Source, Transform, register
 from edged.stats import PipelineStats
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class CameraSource(Source):
         stats: PipelineStats,
         name: str = "edged-source",
         capture_factory: CaptureFactory = open_capture,
+        transform: Transform | None = None,
     ) -> None:
         super().__init__(name=name, daemon=True)
         self.cfg = cfg
@@ -81,6 +83,7 @@ class CameraSource(Source):
         self.stats = stats
         self.kind = source_kind(cfg.uri)
         self._open = capture_factory
+        self._transform = transform
         self._halt = threading.Event()
         self._counter = 0
 
@@ -141,6 +144,15 @@ class CameraSource(Source):
             return None, "cannot open (device busy or gone, or unsupported format)"
         return cap, ""
 
+    def _frame(self, image: npt.NDArray[np.uint8], index: int) -> Frame:
+        ts = time.time()
+        if self._transform is None:
+            return Frame(image, ts, index)
+        # preprocessing here overlaps it with the model run of the previous frame (a pipeline stage)
+        t0 = time.perf_counter()
+        tensor = self._transform(image)
+        return Frame(image, ts, index, tensor, (time.perf_counter() - t0) * 1e3)
+
     def _read_loop(self, cap: Any) -> tuple[ReadOutcome, int]:
         interval = 1.0 / self.cfg.fps if self.cfg.fps > 0 else 0.0
         paced_by_model = self.kind == "file" and interval == 0.0
@@ -164,6 +176,6 @@ class CameraSource(Source):
                 if self.kind == "file" and now < next_due:
                     self._halt.wait(next_due - now)
                 next_due = max(next_due + interval, time.monotonic() - interval)
-            dropped = self.slot.put(Frame(np.asarray(image), time.time(), index))
+            dropped = self.slot.put(self._frame(np.asarray(image), index))
             self.stats.count_capture(dropped)
         return "stopped", frames
