@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -39,14 +40,19 @@ def live_config(tmp_path: Path, model: Path, video: Path, broker: Broker | None,
     return write_config(tmp_path / "edged.yaml", cfg)
 
 
+def watched_config(tmp_path: Path, broker: Broker, subscribe, live_setup: tuple[Path, Path]) -> tuple[Path, str, Any]:
+    """Start `broker` (persistent) and a persistent subscription to the daemon's topics, before any daemon."""
+    broker.persistent = True
+    broker.start()
+    config = live_config(tmp_path, *live_setup, broker)
+    device = yaml.safe_load(config.read_text())["device_id"]
+    return config, device, subscribe(broker, f"edged/{device}/#", persistent=True)
+
+
 def test_sigterm_then_restart_seq_continues_and_nothing_is_lost(
     tmp_path: Path, own_broker: Broker, subscribe, start_daemon, live_setup: tuple[Path, Path]
 ) -> None:
-    own_broker.persistent = True
-    own_broker.start()
-    config = live_config(tmp_path, *live_setup, own_broker)
-    device = yaml.safe_load(config.read_text())["device_id"]
-    sub = subscribe(own_broker, f"edged/{device}/#", persistent=True)
+    config, device, sub = watched_config(tmp_path, own_broker, subscribe, live_setup)
 
     first = start_daemon(config)
     wait_for(lambda: len(sub.results()) >= 20, 30, "20 results from the first run")
@@ -72,11 +78,7 @@ def test_sigterm_then_restart_seq_continues_and_nothing_is_lost(
 def test_broker_absent_at_start_then_started_every_result_arrives(
     tmp_path: Path, own_broker: Broker, subscribe, start_daemon, live_setup: tuple[Path, Path]
 ) -> None:
-    own_broker.persistent = True
-    own_broker.start()
-    config = live_config(tmp_path, *live_setup, own_broker)
-    device = yaml.safe_load(config.read_text())["device_id"]
-    sub = subscribe(own_broker, f"edged/{device}/#", persistent=True)
+    config, _, sub = watched_config(tmp_path, own_broker, subscribe, live_setup)
     own_broker.stop()
 
     daemon = start_daemon(config)

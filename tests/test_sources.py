@@ -225,3 +225,43 @@ def test_backoff_is_capped_exponential_with_jitter() -> None:
     assert len(set(delays)) == len(delays)  # jittered
     b.reset()
     assert b.next_delay() <= 0.5
+
+
+def test_http_stream_is_read_through_ffmpeg_and_reconnected_when_it_ends(tmp_path: Path) -> None:
+    # a real HTTP server on loopback stands in for an IP camera's stream
+    import functools
+    import http.server
+
+    make_video(tmp_path / "stream.avi", 20)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    serving = threading.Thread(target=server.serve_forever, name="test-http", daemon=True)
+    serving.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/stream.avi"
+    slot, stats = FrameSlot(), PipelineStats("p", url)
+    src = CameraSource(camera(url), slot=slot, stats=stats)
+    assert src.kind == "stream"
+    src.start()
+    try:
+        wait_for(lambda: stats.frames_captured >= 20 and stats.reconnects >= 1, 20, "a stream read and reconnected")
+    finally:
+        src.stop()
+        src.join(5)
+        server.shutdown()
+        server.server_close()
+    assert "read failed" in (stats.error or "")
+
+
+def test_gstreamer_pipeline_without_gstreamer_support_says_what_to_do() -> None:
+    from edged.sources.camera import has_backend
+
+    if has_backend("GStreamer"):
+        pytest.skip("this OpenCV has GStreamer; the message is for builds without it")
+    slot, stats = FrameSlot(), PipelineStats("p", "gst")
+    src = CameraSource(camera("videotestsrc ! videoconvert ! appsink"), slot=slot, stats=stats)
+    src.start()
+    wait_for(lambda: stats.reconnects >= 1, 10, "a failed open")
+    src.stop()
+    src.join(5)
+    assert "no GStreamer support" in (stats.error or "")
+    assert "python3-opencv" in (stats.error or "")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +35,13 @@ def source_kind(uri: str | int) -> str:
     if "!" in uri:
         return "gstreamer"
     return "file"
+
+
+@functools.cache
+def has_backend(name: str) -> bool:
+    """Whether this OpenCV build includes a video I/O backend (e.g. "GStreamer", "FFMPEG")."""
+    pattern = rf"^\s*{re.escape(name)}:\s*YES"
+    return re.search(pattern, cv2.getBuildInformation(), re.MULTILINE) is not None
 
 
 def open_capture(cfg: CameraSourceConfig) -> Any:
@@ -134,6 +143,12 @@ class CameraSource(Source):
     def _try_open(self) -> tuple[Any, str]:
         if self.kind == "file" and not Path(str(self.cfg.uri)).is_file():
             return None, "file not found"
+        if self.kind == "gstreamer" and not has_backend("GStreamer"):
+            # PyPI's opencv-python(-headless) has no GStreamer; JetPack's python3-opencv does
+            return None, (
+                "this OpenCV build has no GStreamer support: install the distribution's python3-opencv "
+                "(JetPack ships one) and create the venv with --system-site-packages, or use /dev/videoN"
+            )
         try:
             cap = self._open(self.cfg)
         except (cv2.error, OSError) as exc:
