@@ -9,6 +9,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +206,27 @@ def test_demo_video_end_to_end_through_a_real_broker(tmp_path: Path, broker: Bro
     assert results[0]["model"]["name"] == "digits"
     assert results[0]["provider"] == "CPUExecutionProvider"
     assert "top-1 accuracy" in res.stdout
+
+
+def test_a_second_signal_exits_at_once(tmp_path: Path, start_daemon, live_setup: tuple[Path, Path]) -> None:
+    # an IP camera that accepts the connection and then never answers keeps the source thread stuck in
+    # OpenCV, so a clean stop has to wait for it; the second SIGTERM must not
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}/cam.avi"
+    model, _ = live_setup
+    config = write_config(tmp_path / "edged.yaml", base_config(tmp_path, model, url, stop_at_end=False))
+    daemon = start_daemon(config)
+    try:
+        wait_for(daemon.status, 30, "the daemon to answer on its status socket")
+        daemon.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # two signals at once would be merged into one by the kernel
+        daemon.proc.send_signal(signal.SIGTERM)
+        code, err = daemon.wait(timeout=4)  # well before the 5 s a stuck source is given at a clean stop
+    finally:
+        silent.close()
+    assert code == 1
+    assert "second SIGTERM: exiting now" in err

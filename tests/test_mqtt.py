@@ -123,10 +123,8 @@ def test_publisher_thread_stops_promptly_while_the_broker_is_absent(tmp_path: Pa
     spool, pub, stats, _ = make(tmp_path, own_broker)
     pub.start()
     wait_for(lambda: stats.last_error, 10, "a failed connect")
-    t0 = time.monotonic()
-    pub.request_stop(5.0)
-    pub.join(5)
-    assert not pub.is_alive()
-    assert time.monotonic() - t0 < 3.0  # it does not sit out the grace period with nobody to talk to
+    pub.request_stop(600.0)
+    pub.join(10)
+    assert not pub.is_alive()  # it does not sit out the grace period with nobody to talk to
     assert pub.name == "edged-mqtt"
     spool.close()
