@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -21,6 +22,7 @@ from pydantic import (
 )
 
 from edged.errors import ConfigError
+from edged.units import parse_duration, parse_size
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.yaml")
 DEFAULT_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -170,6 +172,25 @@ class PipelineConfig(Strict):
     postprocess: PostprocessConfig = Field(default_factory=lambda: ClassifyConfig(type="classify"))
 
 
+Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+
+
+class TlsConfig(Strict):
+    """TLS to the broker. Certificates are checked, host name included, unless `insecure` says otherwise."""
+
+    ca_file: Path | None = Field(None, description="CA bundle that signed the broker's certificate.")
+    cert_file: Path | None = Field(None, description="Client certificate (mutual TLS).")
+    key_file: Path | None = Field(None, description="Client key; must not be readable by others.")
+    insecure: bool = Field(False, description="Skip the host-name check (a warning is logged). Testing only.")
+
+    @model_validator(mode="after")
+    def _pair(self) -> TlsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together (mutual TLS needs both)")
+        return self
+
+
 class MqttConfig(Strict):
     """The broker results are published to."""
 
@@ -192,6 +213,27 @@ class MqttConfig(Strict):
     reconnect_min_s: float = Field(0.5, gt=0)
     reconnect_max_s: float = Field(30.0, gt=0)
     shutdown_grace_s: float = Field(3.0, ge=0, description="On stop, publish what can go within this.")
+    tls: TlsConfig | None = Field(None, description="Connect with TLS (port 8883 usually).")
+    username: str | None = Field(None, description="MQTT user name.")
+    password_file: Path | None = Field(None, description="File holding the password; must not be readable by others.")
+    password_credential: str | None = Field(
+        None, description="Name of a systemd credential (LoadCredential=) holding the password."
+    )
+    dead_letter_after: int = Field(5, ge=1, description="A result the broker refuses this many times is set aside.")
+    batch: int = Field(1, ge=1, le=1000, description="Results per message (>1: a JSON array) for slow links.")
+    max_rate: float = Field(0.0, ge=0, description="Messages/s at most while draining a backlog; 0 = no limit.")
+    stats_interval_s: float = Field(60.0, ge=0, description="Stats message every this many seconds; 0 = off.")
+    stats_topic: str = Field("edged/{device_id}/stats", description="Stats message topic template.")
+    stats_retain: bool = Field(True, description="Retain the stats message.")
+    message_expiry: bool = Field(True, description="MQTT 5: messages expire when their spool TTL would.")
+
+    @model_validator(mode="after")
+    def _one_password(self) -> MqttConfig:
+        if self.password_file is not None and self.password_credential is not None:
+            raise ValueError("give password_file or password_credential, not both")
+        if (self.password_file or self.password_credential) and not self.username:
+            raise ValueError("a password needs a username")
+        return self
 
 
 class SpoolConfig(Strict):
@@ -202,6 +244,11 @@ class SpoolConfig(Strict):
     )
     batch_max: int = Field(32, ge=1, le=10000, description="Commit after this many results ...")
     batch_ms: int = Field(200, ge=0, le=60000, description="... or this many milliseconds, first wins.")
+    max_bytes: Size = Field(256 * 2**20, description="Stored payload bytes at most (never more than the disk holds).")
+    max_age: Duration = Field(7 * 86400.0, description="TTL, e.g. 7d: older results are dropped (counted).")
+    on_full: Literal["drop_oldest", "drop_newest"] = Field("drop_oldest", description="What gives way when full.")
+    min_free_bytes: Size = Field(64 * 2**20, description="Free space the spool leaves on the filesystem.")
+    ballast_bytes: Size = Field(16 * 2**20, description="Ballast released on a full disk so SQLite can evict.")
 
 
 class StatusConfig(Strict):

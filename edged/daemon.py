@@ -17,7 +17,7 @@ from edged.errors import EdgedError
 from edged.mqtt import Publisher, topic_for
 from edged.pipeline import InferenceWorker, ResultHook, Turnstile, prepare_model
 from edged.sources import FrameSlot, Source, make_source
-from edged.spool import Spool
+from edged.spool import Spool, SpoolLimits
 from edged.stats import MqttStats, PipelineStats
 from edged.status import StatusServer
 from edged.systemd import notify
@@ -83,16 +83,26 @@ class Daemon:
                 sync=cfg.spool.sync,
                 batch_max=cfg.spool.batch_max,
                 batch_ms=cfg.spool.batch_ms,
+                limits=SpoolLimits(
+                    max_bytes=cfg.spool.max_bytes,
+                    max_age_s=cfg.spool.max_age,
+                    on_full=cfg.spool.on_full,
+                    min_free_bytes=cfg.spool.min_free_bytes,
+                    ballast_bytes=cfg.spool.ballast_bytes,
+                    dead_letter_after=cfg.mqtt.dead_letter_after,
+                ),
             )
             self.spool.start()
             self.status_server = StatusServer(cfg.status_socket, self.snapshot, cfg.status.mode)
             self.status_server.start()
+            if cfg.mqtt.enabled:  # secrets are read here: a bad key file stops edged before the models load
+                self.publisher = Publisher(cfg.mqtt, cfg.device_id, self.spool, self.mqtt_stats, self.snapshot)
             models = [prepare_model(rt.cfg, cfg.state_dir) for rt in self.pipelines]
         except EdgedError:
+            self.publisher = None
             self._close_partial()
             raise
-        if cfg.mqtt.enabled:
-            self.publisher = Publisher(cfg.mqtt, cfg.device_id, self.spool, self.mqtt_stats)
+        if self.publisher is not None:
             self.publisher.start()
         for rt, model in zip(self.pipelines, models, strict=True):
             topic = topic_for(cfg.mqtt.topic, cfg.device_id, rt.cfg.name)

@@ -33,3 +33,7 @@ class SpoolError(EdgedError):
 
 class StatusError(EdgedError):
     """The status socket cannot be reached or served."""
+
+
+class SecretError(EdgedError):
+    """A key or password file is missing or readable by others."""

@@ -9,24 +9,31 @@ acts as a buffer: after a reconnect everything not yet acknowledged is sent agai
 
 from __future__ import annotations
 
+import json
 import logging
+import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from edged.backoff import Backoff
 from edged.config import MqttConfig
-from edged.spool import Spool
+from edged.secrets import check_private, read_credential, read_secret
+from edged.spool import Row, Spool
 from edged.stats import MqttStats
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 10.0
 LOOP_TIMEOUT_S = 0.05
+StatsSource = Callable[[], dict[str, Any]]
 
 
 def topic_for(template: str, device_id: str, pipeline: str = "") -> str:
@@ -44,29 +51,70 @@ class _Conn:
     refused: str | None = None
 
 
+class _RateLimit:
+    """Token bucket: at most `rate` messages per second (0 = unlimited), bursts of one second's worth."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.tokens = max(1.0, rate)
+        self.stamp = time.monotonic()
+
+    def allow(self) -> int:
+        """How many messages may go now."""
+        if not self.rate:
+            return 1 << 30
+        now = time.monotonic()
+        self.tokens = min(max(1.0, self.rate), self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        return int(self.tokens)
+
+    def take(self, n: int) -> None:
+        """Spend `n` messages."""
+        if self.rate:
+            self.tokens -= n
+
+
 class Publisher(threading.Thread):
     """Publishes spooled rows with a bounded number in flight; reconnects with backoff and jitter."""
 
-    def __init__(self, cfg: MqttConfig, device_id: str, spool: Spool, stats: MqttStats) -> None:
+    def __init__(
+        self, cfg: MqttConfig, device_id: str, spool: Spool, stats: MqttStats, stats_source: StatsSource | None = None
+    ) -> None:
         super().__init__(name="edged-mqtt", daemon=True)
         self.cfg = cfg
         self.device_id = device_id
         self.spool = spool
         self.stats = stats
+        self.stats_source = stats_source
         self.client_id = cfg.client_id or f"edged-{device_id}"
         self.availability_topic = topic_for(cfg.availability_topic, device_id)
+        self.stats_topic = topic_for(cfg.stats_topic, device_id)
+        self._password = self._load_password()  # at start-up: a bad secret file stops edged early
+        if cfg.tls is not None and cfg.tls.key_file is not None:
+            check_private(cfg.tls.key_file, "TLS key file")
+        if cfg.tls is not None and cfg.tls.insecure:
+            log.warning("mqtt: tls.insecure is set: the broker's host name is NOT checked")
         self._halt = threading.Event()
         self._drain_deadline: float | None = None
-        self._inflight: dict[int, int] = {}  # paho mid -> spool row id
+        self._inflight: dict[int, list[int]] = {}  # paho mid -> spool row ids
         self._early: dict[int, Any] = {}  # acks that arrived before publish() returned (QoS 0)
         self._cursor = 0
         self._seen_commits = -1
         self._failed_rows = False
         self._retry_at = 0.0  # refused rows are sent again from then on
+        self._next_stats = 0.0
+        self._rate = _RateLimit(cfg.max_rate)
         self._backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
         self._refused_backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
         with stats.lock:
             stats.broker = f"{cfg.host}:{cfg.port}"
+
+    def _load_password(self) -> str | None:
+        if self.cfg.password_file is not None:
+            return read_secret(self.cfg.password_file, "MQTT password file")
+        if self.cfg.password_credential is not None:
+            return read_credential(self.cfg.password_credential, "MQTT password")
+        return None
 
     def request_stop(self, grace_s: float) -> None:
         """Stop after publishing what can go within `grace_s` seconds, then say `offline`."""
@@ -87,12 +135,7 @@ class Publisher(threading.Thread):
                 self._halt.wait(self._backoff.next_delay())
                 continue
             if failures:
-                log.info(
-                    "mqtt: connected to %s:%d after %d failed attempts",
-                    self.cfg.host,
-                    self.cfg.port,
-                    failures,
-                )
+                log.info("mqtt: connected to %s:%d after %d failed attempts", self.cfg.host, self.cfg.port, failures)
             failures = 0
             self._backoff.reset()
             self._serve(conn)
@@ -109,6 +152,17 @@ class Publisher(threading.Thread):
         client.connect_timeout = CONNECT_TIMEOUT_S
         client.max_inflight_messages_set(self.cfg.max_inflight)
         client.will_set(self.availability_topic, "offline", qos=1, retain=True)
+        if self.cfg.username:
+            client.username_pw_set(self.cfg.username, self._password)
+        tls = self.cfg.tls
+        if tls is not None:
+            client.tls_set(
+                ca_certs=str(tls.ca_file) if tls.ca_file else None,
+                certfile=str(tls.cert_file) if tls.cert_file else None,
+                keyfile=str(tls.key_file) if tls.key_file else None,
+                cert_reqs=ssl.CERT_REQUIRED,
+            )
+            client.tls_insecure_set(tls.insecure)
         return client
 
     def _connect(self) -> _Conn | None:
@@ -119,7 +173,7 @@ class Publisher(threading.Thread):
         client.on_publish = lambda _c, _u, mid, rc, _p: self._on_publish(mid, rc)
         try:
             client.connect(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive_s)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: no plaintext fallback, ever
             self._note_error(f"cannot connect to {self.cfg.host}:{self.cfg.port}: {exc}")
             return None
         deadline = time.monotonic() + CONNECT_TIMEOUT_S
@@ -136,11 +190,13 @@ class Publisher(threading.Thread):
         self._inflight.clear()
         self._cursor = 0  # everything unacknowledged goes again
         self._seen_commits = -1
+        self._next_stats = 0.0
         conn.client.publish(self.availability_topic, "online", qos=1, retain=True)
         while conn.connected:
             if self._halt.is_set() and self._drained():
                 return
             self._pump(conn.client)
+            self._maybe_stats(conn.client)
             rc = conn.client.loop(LOOP_TIMEOUT_S)
             if rc != paho.MQTT_ERR_SUCCESS and conn.connected:
                 self._on_disconnect(conn, rc)
@@ -155,7 +211,7 @@ class Publisher(threading.Thread):
         return not self._inflight and self.spool.depth == 0
 
     def _pump(self, client: paho.Client) -> None:
-        room = self.cfg.max_inflight - len(self._inflight)
+        room = min(self.cfg.max_inflight - len(self._inflight), self._rate.allow())
         if room <= 0:
             return
         if self._failed_rows and not self._inflight and time.monotonic() >= self._retry_at:
@@ -165,20 +221,55 @@ class Publisher(threading.Thread):
         commits = self.spool.wait_for_commit(self._seen_commits, 0)
         if commits == self._seen_commits:
             return  # nothing new since the last empty fetch
-        rows = self.spool.fetch(self._cursor, room)
+        rows = self.spool.fetch(self._cursor, room * self.cfg.batch)
         if not rows:
             self._seen_commits = commits
             return
-        for row in rows:
-            info = client.publish(row.topic, row.payload, qos=self.cfg.qos)
+        for group in self._groups(rows):
+            info = client.publish(group[0].topic, self._payload(group), qos=self.cfg.qos, properties=self._props(group))
             if info.rc != paho.MQTT_ERR_SUCCESS:
                 log.debug("mqtt: publish returned %s; will resend after reconnect", info.rc)
                 return
-            self._cursor = row.id
-            self._inflight[info.mid] = row.id
+            self._rate.take(1)
+            self._cursor = group[-1].id
+            self._inflight[info.mid] = [r.id for r in group]
             early = self._early.pop(info.mid, None)
             if early is not None:
                 self._on_publish(info.mid, early)
+
+    def _groups(self, rows: list[Row]) -> list[list[Row]]:
+        """Consecutive rows with the same topic, up to `batch` per message."""
+        groups: list[list[Row]] = []
+        for row in rows:
+            if groups and groups[-1][0].topic == row.topic and len(groups[-1]) < self.cfg.batch:
+                groups[-1].append(row)
+            else:
+                groups.append([row])
+        return groups
+
+    def _payload(self, group: list[Row]) -> bytes:
+        if self.cfg.batch == 1:
+            return group[0].payload
+        return b"[" + b",".join(r.payload for r in group) + b"]"
+
+    def _props(self, group: list[Row]) -> Properties | None:
+        if self.cfg.protocol != "5":
+            return None
+        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        props.ContentType = "application/json"
+        if self.cfg.message_expiry:
+            # the message is worth no more than its row: it expires when the spool's TTL would drop it
+            props.MessageExpiryInterval = max(1, int(min(self.spool.remaining_ttl(r) for r in group)))
+        if len(group) == 1:
+            props.UserProperty = [("pipeline", group[0].pipeline), ("seq", str(group[0].seq))]
+        return props
+
+    def _maybe_stats(self, client: paho.Client) -> None:
+        if not self.cfg.stats_interval_s or self.stats_source is None or time.monotonic() < self._next_stats:
+            return
+        self._next_stats = time.monotonic() + self.cfg.stats_interval_s
+        body = json.dumps({"v": 1, "device": self.device_id, "ts": round(time.time(), 3), **self.stats_source()})
+        client.publish(self.stats_topic, body, qos=0, retain=self.cfg.stats_retain)
 
     # -- paho callbacks (run on this thread, inside client.loop/publish) -------------------------------
 
@@ -202,23 +293,25 @@ class Publisher(threading.Thread):
             self._note_error(f"disconnected from {self.cfg.host}:{self.cfg.port}: {reason}")
 
     def _on_publish(self, mid: int, reason: Any) -> None:
-        row_id = self._inflight.pop(mid, None)
-        if row_id is None:
+        row_ids = self._inflight.pop(mid, None)
+        if row_ids is None:
             self._early[mid] = reason
             return
         if getattr(reason, "is_failure", False):
             if not self._failed_rows:
                 self._retry_at = time.monotonic() + self._refused_backoff.next_delay()
             self._failed_rows = True
+            for row_id in row_ids:
+                self.spool.refuse(row_id, str(reason))
             with self.stats.lock:
-                self.stats.failed += 1
+                self.stats.failed += len(row_ids)
                 self.stats.last_error = f"broker refused a message: {reason}"
-            log.warning("mqtt: broker refused row %d (%s); it stays in the spool", row_id, reason)
+            log.warning("mqtt: broker refused %d result(s) (%s); they stay in the spool", len(row_ids), reason)
             return
-        self.spool.ack([row_id])
+        self.spool.ack(row_ids)
         self._refused_backoff.reset()
         with self.stats.lock:
-            self.stats.published += 1
+            self.stats.published += len(row_ids)
             self.stats.last_publish_ts = time.time()
 
     # -- helpers ---------------------------------------------------------------------------------------
