@@ -32,6 +32,10 @@ from edged.stats import MqttStats
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 10.0
+# MQTT 5 DISCONNECT reasons that a message can cause (malformed, protocol error, implementation specific,
+# not authorized, topic name invalid, packet too large, quota exceeded, payload format invalid)
+MESSAGE_FAULTS = {0x81, 0x82, 0x83, 0x87, 0x90, 0x95, 0x97, 0x99}
+BLAME_WINDOW_S = 2.0  # MQTT 3.1.1 has no reason: a drop this soon after the lone message blames it
 LOOP_TIMEOUT_S = 0.05
 StatsSource = Callable[[], dict[str, Any]]
 
@@ -103,6 +107,10 @@ class Publisher(threading.Thread):
         self._failed_rows = False
         self._retry_at = 0.0  # refused rows are sent again from then on
         self._next_stats = 0.0
+        # after a connection dropped with messages in flight, send one at a time until one is
+        # acknowledged, so a message that makes the broker hang up every time can be found and set aside
+        self._careful = False
+        self._sent_at = 0.0
         self._rate = _RateLimit(cfg.max_rate)
         self._backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
         self._refused_backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
@@ -211,7 +219,8 @@ class Publisher(threading.Thread):
         return not self._inflight and self.spool.depth == 0
 
     def _pump(self, client: paho.Client) -> None:
-        room = min(self.cfg.max_inflight - len(self._inflight), self._rate.allow())
+        window = 1 if self._careful else self.cfg.max_inflight
+        room = min(window - len(self._inflight), self._rate.allow())
         if room <= 0:
             return
         if self._failed_rows and not self._inflight and time.monotonic() >= self._retry_at:
@@ -221,7 +230,7 @@ class Publisher(threading.Thread):
         commits = self.spool.wait_for_commit(self._seen_commits, 0)
         if commits == self._seen_commits:
             return  # nothing new since the last empty fetch
-        rows = self.spool.fetch(self._cursor, room * self.cfg.batch)
+        rows = self.spool.fetch(self._cursor, room if self._careful else room * self.cfg.batch)
         if not rows:
             self._seen_commits = commits
             return
@@ -231,6 +240,7 @@ class Publisher(threading.Thread):
                 log.debug("mqtt: publish returned %s; will resend after reconnect", info.rc)
                 return
             self._rate.take(1)
+            self._sent_at = time.monotonic()
             self._cursor = group[-1].id
             self._inflight[info.mid] = [r.id for r in group]
             early = self._early.pop(info.mid, None)
@@ -239,6 +249,8 @@ class Publisher(threading.Thread):
 
     def _groups(self, rows: list[Row]) -> list[list[Row]]:
         """Consecutive rows with the same topic, up to `batch` per message."""
+        if self._careful:
+            return [[rows[0]]]
         groups: list[list[Row]] = []
         for row in rows:
             if groups and groups[-1][0].topic == row.topic and len(groups[-1]) < self.cfg.batch:
@@ -287,10 +299,30 @@ class Publisher(threading.Thread):
         was = conn.connected
         conn.connected = False
         conn.closed = True
+        if was and self._inflight and not self._halt.is_set():
+            if self._careful and self._blames(reason):
+                self._refuse_inflight(f"the broker closed the connection over this message: {reason}")
+            self._careful = True
         with self.stats.lock:
             self.stats.connected = False
         if was and not self._halt.is_set():
             self._note_error(f"disconnected from {self.cfg.host}:{self.cfg.port}: {reason}")
+
+    def _blames(self, reason: Any) -> bool:
+        """Whether a dropped connection is the fault of the one message in flight."""
+        value = getattr(reason, "value", None)
+        if self.cfg.protocol == "5" and value is not None:
+            return int(value) in MESSAGE_FAULTS
+        return time.monotonic() - self._sent_at < BLAME_WINDOW_S
+
+    def _refuse_inflight(self, why: str) -> None:
+        row_ids = [i for ids in self._inflight.values() for i in ids]
+        for row_id in row_ids:
+            self.spool.refuse(row_id, why)
+        with self.stats.lock:
+            self.stats.failed += len(row_ids)
+            self.stats.last_error = why
+        log.warning("mqtt: %s (%d result(s); set aside as dead letters if it keeps happening)", why, len(row_ids))
 
     def _on_publish(self, mid: int, reason: Any) -> None:
         row_ids = self._inflight.pop(mid, None)
@@ -309,6 +341,7 @@ class Publisher(threading.Thread):
             log.warning("mqtt: broker refused %d result(s) (%s); they stay in the spool", len(row_ids), reason)
             return
         self.spool.ack(row_ids)
+        self._careful = False
         self._refused_backoff.reset()
         with self.stats.lock:
             self.stats.published += len(row_ids)

@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 __all__ = ["Row", "Spool", "SpoolLimits"]
 
 SEQ_FLOOR_STEP = 10_000  # seq floors are persisted every this many results (see _seq_floor)
-DISK_CHECK_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -100,7 +99,6 @@ class Spool:
         self._commits = 0
         self._writer: threading.Thread | None = None
         self._write_error: str | None = None
-        self._next_disk_check = 0.0
         self._disk_cap = self.limits.max_bytes
         self.ballast = Ballast(path.with_name(path.name + ".ballast"), self.limits.ballast_bytes)
         self._wconn, self.recovered_from = spooldb.open_checked(path, sync)
@@ -379,19 +377,18 @@ class Spool:
         return admitted
 
     def _capacity(self, stored: int) -> int:
-        """max_bytes, lowered to what the filesystem holds while keeping min_free_bytes free."""
-        now = time.monotonic()
-        if now >= self._next_disk_check:
-            self._next_disk_check = now + DISK_CHECK_S
-            try:
-                free = free_bytes(self.path.parent)
-            except OSError:
-                free = None
-            if free is not None:
-                if self._ballast_missing(free) and self.ballast.ensure(self.limits.min_free_bytes):
-                    log.info("spool: disk space is back; ballast file restored")
-                    free -= self.limits.ballast_bytes
-                self._disk_cap = max(0, min(self.limits.max_bytes, stored + free - self.limits.min_free_bytes))
+        """max_bytes, lowered to what the filesystem holds while keeping min_free_bytes free.
+
+        Asked at every commit (statvfs costs microseconds), so eviction starts before the disk is full.
+        """
+        try:
+            free = free_bytes(self.path.parent)
+        except OSError:
+            return self._disk_cap
+        if self._ballast_missing(free) and self.ballast.ensure(self.limits.min_free_bytes):
+            log.info("spool: disk space is back; ballast file restored")
+            free -= self.limits.ballast_bytes
+        self._disk_cap = max(0, min(self.limits.max_bytes, stored + free - self.limits.min_free_bytes))
         return self._disk_cap
 
     def _ballast_missing(self, free: int) -> bool:
@@ -402,7 +399,6 @@ class Spool:
         """SQLite hit a full disk: release the ballast so the next try can delete and checkpoint."""
         if self.ballast.release():
             log.error("spool: disk full; released the %d-byte ballast to keep working", self.limits.ballast_bytes)
-        self._next_disk_check = 0.0  # recompute the cap from the real free space now
 
     def _note_write_error(self, exc: sqlite3.Error) -> None:
         msg = f"spool write failed: {exc} (disk full or read-only?); retrying, results are kept in memory"

@@ -77,10 +77,11 @@ def connect(path: Path, sync: str) -> sqlite3.Connection:
     conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={'FULL' if sync == 'full' else 'NORMAL'}")
-    # a bigger WAL between checkpoints: a row acknowledged soon after it was written is then often
-    # deleted before its page is checkpointed, so the page reaches the main file once (flash wear)
-    conn.execute("PRAGMA wal_autocheckpoint=2000")
-    conn.execute("PRAGMA journal_size_limit=16777216")
+    # checkpoint every 500 pages (2 MB of WAL): big enough that a row acknowledged soon after it was
+    # written is often deleted before its page reaches the main file, small enough that the WAL fits
+    # in the spool's free-space reserve (min_free_bytes) on a small SD card
+    conn.execute("PRAGMA wal_autocheckpoint=500")
+    conn.execute("PRAGMA journal_size_limit=4194304")
     conn.executescript(SCHEMA)
     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
     return conn

@@ -215,17 +215,20 @@ def test_a_second_signal_exits_at_once(tmp_path: Path, start_daemon, live_setup:
 
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
-    silent.listen(1)
+    silent.listen(16)
+    silent.settimeout(30)
     url = f"http://127.0.0.1:{silent.getsockname()[1]}/cam.avi"
     model, _ = live_setup
     config = write_config(tmp_path / "edged.yaml", base_config(tmp_path, model, url, stop_at_end=False))
     daemon = start_daemon(config)
     try:
         wait_for(daemon.status, 30, "the daemon to answer on its status socket")
+        camera, _ = silent.accept()  # the source is connected and now waits for an answer that never comes
         daemon.proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)  # two signals at once would be merged into one by the kernel
         daemon.proc.send_signal(signal.SIGTERM)
         code, err = daemon.wait(timeout=4)  # well before the 5 s a stuck source is given at a clean stop
+        camera.close()
     finally:
         silent.close()
     assert code == 1

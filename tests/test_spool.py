@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import random
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from edged.errors import SpoolError
-from edged.spool import Spool
+from edged.spool import Spool, SpoolLimits
 
 
 def add(spool: Spool, pipeline: str, n: int) -> list[int]:
@@ -116,3 +118,133 @@ def test_unwritable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
     blocker.write_text("not a directory", encoding="utf-8")
     with pytest.raises(SpoolError, match="check that state_dir is writable"):
         Spool(blocker / "s.db")
+
+
+# -- policies ---------------------------------------------------------------------------------------------
+
+
+def policy_spool(tmp_path: Path, **limits: object) -> Spool:
+    spool = Spool(
+        tmp_path / "s.db", batch_ms=0, limits=SpoolLimits(**{"min_free_bytes": 0, "ballast_bytes": 0, **limits})
+    )
+    spool.start()
+    return spool
+
+
+def add_sized(spool: Spool, n: int, size: int = 100) -> None:
+    for _ in range(n):
+        seq = spool.next_seq("p")
+        spool.append("p", seq, 0.0, "t", str(seq).encode().ljust(size, b" "))
+    assert spool.flush()
+
+
+@pytest.mark.parametrize(("policy", "kept"), [("drop_oldest", range(11, 21)), ("drop_newest", range(1, 11))])
+def test_max_bytes_applies_the_on_full_policy_and_counts_every_drop(tmp_path: Path, policy: str, kept: range) -> None:
+    spool = policy_spool(tmp_path, max_bytes=1000, on_full=policy)
+    add_sized(spool, 20)  # 2000 bytes into a 1000-byte spool
+    assert [r.seq for r in spool.fetch(0, 100)] == list(kept)
+    stats = spool.stats()
+    assert stats["depth"] == 10
+    assert stats["bytes"] == 1000
+    reason = "full_evicted_oldest" if policy == "drop_oldest" else "full_rejected_newest"
+    assert stats["dropped_by_reason"] == {reason: 10}
+    assert stats["dropped"] == 10
+    spool.close()
+    again = Spool(tmp_path / "s.db")  # counters survive a restart
+    assert again.stats()["dropped_by_reason"] == {reason: 10}
+    assert again.next_seq("p") == 21  # dropped results' seqs are never handed out again
+    again.close()
+
+
+def test_ttl_runs_on_a_clock_that_ignores_wall_clock_jumps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spool = policy_spool(tmp_path, max_age_s=3600)
+    add_sized(spool, 3)
+    # the wall clock jumps 50 years ahead (a Pi without RTC booting in 1970, then NTP): nothing expires
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 50 * 365 * 86400)
+    add_sized(spool, 1)
+    assert spool.stats()["depth"] == 4
+    # the spool clock moving past the TTL does expire them (stands in for an hour of running)
+    monkeypatch.setattr(spool, "_clock_base", spool._clock_base + 3601)
+    add_sized(spool, 1)
+    stats = spool.stats()
+    assert stats["dropped_by_reason"] == {"expired": 4}
+    assert [r.seq for r in spool.fetch(0, 10)] == [5]
+    spool.close()
+
+
+def test_the_spool_clock_persists_across_restarts(tmp_path: Path) -> None:
+    spool = policy_spool(tmp_path)
+    spool._clock_base = 1000.0
+    add_sized(spool, 1)
+    spool.close()
+    again = Spool(tmp_path / "s.db")
+    assert again.clock() >= 1000.0
+    again.close()
+
+
+def test_refused_rows_go_to_dead_letters_after_n_tries(tmp_path: Path) -> None:
+    spool = policy_spool(tmp_path, dead_letter_after=3)
+    add_sized(spool, 2)
+    bad = spool.fetch(0, 1)[0]
+    for _ in range(2):
+        spool.refuse(bad.id, "Packet too large")
+        spool.flush()
+        assert spool.depth == 2
+    spool.refuse(bad.id, "Packet too large")
+    spool.flush()
+    assert [r.seq for r in spool.fetch(0, 10)] == [2]
+    assert spool.stats()["dead_letters"] == 1
+    spool.close()
+    with sqlite3.connect(tmp_path / "s.db") as conn:
+        assert conn.execute("SELECT seq, tries, reason FROM dead_letters").fetchall() == [(1, 3, "Packet too large")]
+
+
+def test_capacity_shrinks_to_the_free_disk_space(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from edged import spool as spool_module
+
+    spool = policy_spool(tmp_path, max_bytes=10**9, min_free_bytes=1000)
+    monkeypatch.setattr(spool_module, "free_bytes", lambda _p: 1500)  # the disk is nearly full
+    add_sized(spool, 10)  # 1000 bytes, but only 500 may be used
+    stats = spool.stats()
+    assert stats["bytes"] <= 500
+    assert stats["dropped_by_reason"]["full_evicted_oldest"] == 10 - stats["depth"]
+    spool.close()
+
+
+def test_a_damaged_database_is_moved_aside_and_seq_keeps_increasing(tmp_path: Path) -> None:
+    spool = policy_spool(tmp_path)
+    add_sized(spool, 50, size=200)
+    spool.close()
+    db = tmp_path / "s.db"
+    data = bytearray(db.read_bytes())
+    rng = random.Random(7)
+    for page in range(1, len(data) // 4096):  # random bytes over every page but the header page
+        for _ in range(64):
+            data[page * 4096 + rng.randrange(4096)] = rng.randrange(256)
+    db.write_bytes(bytes(data))
+    again = Spool(db)
+    assert again.recovered_from is not None
+    assert again.recovered_from.name.startswith("s.db.corrupt-")
+    assert again.recovered_from.exists()
+    assert again.stats()["recovered_from"] == str(again.recovered_from)
+    assert again.depth == 0
+    assert again.next_seq("p") > 50  # never a seq that was handed out before
+    again.close()
+
+
+def test_a_truncated_wal_loses_at_most_the_torn_commit(tmp_path: Path) -> None:
+    spool = policy_spool(tmp_path)
+    add_sized(spool, 30)
+    wal = tmp_path / "s.db-wal"
+    # copy the database as a crash would leave it: main file plus a WAL cut in the middle
+    crash = tmp_path / "crash"
+    crash.mkdir()
+    (crash / "s.db").write_bytes((tmp_path / "s.db").read_bytes())
+    (crash / "s.db-wal").write_bytes(wal.read_bytes()[: wal.stat().st_size // 2])
+    spool.close()
+    again = Spool(crash / "s.db")
+    assert again.recovered_from is None
+    seqs = [r.seq for r in again.fetch(0, 100)]
+    assert seqs == list(range(1, len(seqs) + 1))  # a prefix: no gap, nothing invented
+    again.close()
