@@ -33,3 +33,7 @@ class SpoolError(EdgedError):
 
 class StatusError(EdgedError):
     """The status socket cannot be reached or served."""
+
+
+class ToolError(EdgedError):
+    """A model tool (inspect, quantize, validate, bench, budget) cannot do what was asked."""
