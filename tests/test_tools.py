@@ -311,3 +311,31 @@ def test_budget_measures_the_edge_latency_of_a_model(fp32: Path) -> None:
     report = json.loads(proc.stdout)
     assert report["edge"]["source"].startswith("measured here: p50 of conv.fp32.onnx on CPUExecutionProvider")
     assert report["edge"]["total_ms"] > 0
+
+
+def test_preprocessing_comes_from_a_pipeline_config_then_the_flag(tmp_path: Path, fp32: Path) -> None:
+    from conftest import write_config
+
+    from edged.tools.common import preprocess_overrides
+
+    cfg = write_config(
+        tmp_path / "edged.yaml",
+        {
+            "pipelines": [
+                {
+                    "name": "cam0",
+                    "source": {"type": "camera", "uri": "0"},
+                    "model": {"path": str(fp32)},
+                    "preprocess": {"color": "bgr", "scale": 0.5},
+                }
+            ]
+        },
+    )
+    merged = preprocess_overrides(cfg, None, '{"scale": 1.0}')
+    assert merged is not None
+    assert (merged.color, merged.scale) == ("bgr", 1.0)  # the flag wins over the config
+    assert preprocess_overrides(None, None, None) is None
+    with pytest.raises(ToolError, match="not valid JSON"):
+        preprocess_overrides(None, None, "{size: 3}")
+    with pytest.raises(ToolError, match="no pipeline 'cam9'"):
+        preprocess_overrides(cfg, "cam9", None)
