@@ -339,3 +339,12 @@ def test_preprocessing_comes_from_a_pipeline_config_then_the_flag(tmp_path: Path
         preprocess_overrides(None, None, "{size: 3}")
     with pytest.raises(ToolError, match="no pipeline 'cam9'"):
         preprocess_overrides(cfg, "cam9", None)
+
+
+def test_bench_plot_writes_a_png_with_matplotlib(fp32: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")  # the optional `plot` extra
+    from edged.tools.bench import plot_bench
+
+    report = bench_models([fp32], BenchOptions(threads=[1, 2], runs=3, warmup=0, progress=False))
+    assert plot_bench(report, tmp_path / "p.png") == f"plot written to {tmp_path / 'p.png'}"
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
