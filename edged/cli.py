@@ -14,6 +14,7 @@ from edged.errors import ConfigError, EdgedError
 from edged.status import EXIT_NOT_RUNNING
 
 log = logging.getLogger("edged")
+TOOLS = ("inspect", "quantize", "validate", "bench", "budget")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,7 +42,147 @@ def _parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check-config", help="validate a config file")
     check.add_argument("file", type=Path)
+    _tool_parsers(sub)
     return parser
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(x) for x in text.replace("x", ",").split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a shape: {text!r} (e.g. 1,3,224,224)") from None
+    if not dims or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"not a shape: {text!r} (e.g. 1,3,224,224)")
+    return dims
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+
+
+def _frame_size(text: str) -> tuple[int, int]:
+    w, _, h = text.lower().partition("x")
+    try:
+        return int(w), int(h)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a frame size: {text!r} (e.g. 640x480)") from None
+
+
+def _preprocess_args(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("preprocessing (default: the model's edged.preprocess metadata)")
+    group.add_argument("--config", type=Path, help="take the preprocess section of a pipeline in this config")
+    group.add_argument("--pipeline", help="which pipeline of --config (when it has several)")
+    group.add_argument("--preprocess", metavar="JSON", help="keys as in the config, e.g. '{\"size\": [224, 224]}'")
+
+
+Subparsers = argparse._SubParsersAction
+
+
+def _tool_parsers(sub: Subparsers[argparse.ArgumentParser]) -> None:
+    _inspect_parser(sub)
+    _quantize_parser(sub)
+    _validate_parser(sub)
+    _bench_parser(sub)
+    _budget_parser(sub)
+
+
+def _inspect_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
+    ins = sub.add_parser("inspect", help="what a model is: I/O, opsets, quantization, metadata, providers")
+    ins.add_argument("model", type=Path)
+    ins.add_argument("--json", action="store_true", help="machine-readable report")
+
+
+def _quantize_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
+    from edged.tools import CALIBRATION_METHODS, QUANT_TYPES  # noqa: PLC0415  (light: no onnxruntime import)
+
+    q = sub.add_parser("quantize", help="static int8 quantization (QDQ) with calibration frames")
+    q.add_argument("model", type=Path, help="the fp32 .onnx")
+    q.add_argument("-o", "--output", type=Path, required=True, help="the int8 .onnx to write (not the input)")
+    q.add_argument("--calib", type=Path, required=True, help="folder of images, video file, or .npz of frames")
+    q.add_argument("--calib-limit", type=int, default=256, help="use at most this many frames (default 256)")
+    q.add_argument(
+        "--method", choices=CALIBRATION_METHODS, default="minmax", help="calibration method (default minmax)"
+    )
+    q.add_argument(
+        "--activation-type", choices=QUANT_TYPES, default="int8", help="default int8 (symmetric, for TensorRT)"
+    )
+    q.add_argument("--weight-type", choices=QUANT_TYPES, default="int8", help="default int8 (symmetric)")
+    q.add_argument("--per-tensor", action="store_true", help="per-tensor weights instead of per-channel")
+    q.add_argument("--asymmetric-activations", action="store_true", help="activation zero points other than 0")
+    q.add_argument("--percentile", type=float, default=99.999, help="for --method percentile")
+    q.add_argument("--shape", type=_shape, help="pin dynamic input axes, e.g. 1,3,224,224")
+    q.add_argument("--no-optimize", action="store_true", help="skip ORT's graph optimisation in pre-processing")
+    q.add_argument("--json", action="store_true", help="machine-readable report")
+    _preprocess_args(q)
+
+
+def _validate_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
+    v = sub.add_parser("validate", help="compare an int8 model with its fp32 parent; exit 1 if a threshold fails")
+    v.add_argument("reference", type=Path, help="the fp32 model")
+    v.add_argument("candidate", type=Path, help="the int8 model (or the same model on another provider)")
+    v.add_argument("--data", type=Path, required=True, help="held-out frames: image folder, video, or .npz")
+    v.add_argument("--limit", type=int, default=500, help="use at most this many frames (default 500)")
+    v.add_argument("--min-top1", type=float, default=0.95, help="top-1 agreement (classifiers; default 0.95)")
+    v.add_argument("--min-topk", type=float, default=None, help="top-k overlap (default: not enforced)")
+    v.add_argument("--top-k", type=int, default=5, help="k of the top-k overlap (default 5)")
+    v.add_argument("--min-cosine", type=float, default=0.98, help="mean cosine similarity per output (default 0.98)")
+    v.add_argument("--max-abs", type=float, default=None, help="max absolute error per output (default: not enforced)")
+    v.add_argument("--rtol", type=float, default=1e-3, help="np.allclose rtol (default 1e-3)")
+    v.add_argument("--atol", type=float, default=1e-3, help="np.allclose atol (default 1e-3)")
+    v.add_argument("--require-allclose", action="store_true", help="fail unless np.allclose holds everywhere")
+    v.add_argument(
+        "--task",
+        choices=("auto", "classify", "raw"),
+        default="auto",
+        help="auto: classifier if the first output has >1 value",
+    )
+    v.add_argument("--ref-provider", default="CPUExecutionProvider", help="provider of the reference")
+    v.add_argument("--provider", default="CPUExecutionProvider", help="provider of the candidate")
+    v.add_argument("--json", action="store_true", help="machine-readable report")
+    _preprocess_args(v)
+
+
+def _bench_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
+    b = sub.add_parser("bench", help="latency p50/p95/p99 and throughput per model, provider and thread count")
+    b.add_argument("models", type=Path, nargs="+", help="one or more .onnx (fp32 and int8 side by side)")
+    b.add_argument("--providers", help="comma-separated (default: every provider this machine offers)")
+    b.add_argument("--threads", type=_int_list, default=[0], help="CPU intra-op threads to try, e.g. 1,2,4 (0 = auto)")
+    b.add_argument("--runs", type=int, default=100, help="timed runs each (default 100)")
+    b.add_argument("--warmup", type=int, default=10, help="untimed runs first (default 10)")
+    b.add_argument("--data", type=Path, help="run on a real frame from here instead of a random tensor")
+    b.add_argument("--shape", type=_shape, help="input shape for dynamic axes, e.g. 1,3,224,224")
+    b.add_argument("--plot", type=Path, help="PNG of the latency distributions (needs the plot extra)")
+    b.add_argument("--json", action="store_true", help="machine-readable report")
+    _preprocess_args(b)
+
+
+def _budget_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
+    from edged.tools.networks import PRESETS  # noqa: PLC0415
+
+    g = sub.add_parser("budget", help="edge vs cloud: latency terms, winner, break-even uplink, monthly cost")
+    edge = g.add_mutually_exclusive_group(required=True)
+    edge.add_argument("--edge-ms", type=float, help="edge inference time per frame (ms)")
+    edge.add_argument("--model", type=Path, help="measure the edge inference time of this model here")
+    g.add_argument("--provider", help="with --model: the provider to measure on (default: the best here)")
+    g.add_argument("--shape", type=_shape, help="with --model: input shape for dynamic axes")
+    g.add_argument("--preset", choices=sorted(PRESETS), default="lte", help="network preset (default lte)")
+    g.add_argument("--uplink", type=float, help="uplink Mbit/s (overrides the preset)")
+    g.add_argument("--downlink", type=float, help="downlink Mbit/s (overrides the preset)")
+    g.add_argument("--rtt", type=float, help="round-trip time ms (overrides the preset)")
+    payload = g.add_mutually_exclusive_group()
+    payload.add_argument("--payload-kb", type=float, help="bytes sent per frame, in kB (1000 bytes)")
+    payload.add_argument("--frame", type=_frame_size, default=(640, 480), help="send a JPEG of WxH (default 640x480)")
+    g.add_argument("--response-bytes", type=float, default=500.0, help="result size sent back (default 500)")
+    g.add_argument("--cloud-ms", type=float, default=5.0, help="cloud inference time (default 5 ms, a server GPU)")
+    g.add_argument("--queue-ms", type=float, default=20.0, help="cloud queueing/batching delay (default 20 ms)")
+    g.add_argument("--fps", type=float, help="frames/s sent (for the monthly cost)")
+    g.add_argument("--price-per-1k", type=float, help="cloud price per 1000 calls, USD (for the monthly cost)")
+    g.add_argument("--data-price-gb", type=float, default=0.0, help="metered uplink, USD per GB (default 0)")
+    g.add_argument("--edge-monthly", type=float, default=0.0, help="edge device cost per month, USD (default 0)")
+    g.add_argument("--json", action="store_true", help="machine-readable report")
 
 
 def _setup_logging(level: int) -> None:
@@ -51,7 +192,7 @@ def _setup_logging(level: int) -> None:
     logging.basicConfig(level=level, format=fmt, stream=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911  (one return per command)
     """Entry point of the `edged` console script."""
     args = _parser().parse_args(argv)
     _setup_logging(logging.DEBUG if args.verbose else logging.INFO)
@@ -60,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
             return _check_config(args.file)
         if args.command == "status":
             return _status(args.config, args.socket, as_json=args.json)
+        if args.command in TOOLS:
+            from edged.tools.commands import run_tool  # noqa: PLC0415
+
+            return run_tool(args)
         if args.command == "demo":
             from edged.demo import run_demo  # noqa: PLC0415  (keeps `edged status` light)
 

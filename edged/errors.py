@@ -37,3 +37,7 @@ class StatusError(EdgedError):
 
 class SecretError(EdgedError):
     """A key or password file is missing or readable by others."""
+
+
+class ToolError(EdgedError):
+    """A model tool (inspect, quantize, validate, bench, budget) cannot do what was asked."""

@@ -1,0 +1,145 @@
+"""From the parsed `edged <tool>` arguments to the tool call, and its report to the terminal or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from edged.tools.common import preprocess_overrides, print_json
+
+log = logging.getLogger(__name__)
+
+
+def run_tool(args: argparse.Namespace) -> int:
+    """Run the tool named by `args.command`; the process exit code."""
+    handlers = {"inspect": _inspect, "quantize": _quantize, "validate": _validate, "bench": _bench, "budget": _budget}
+    return handlers[args.command](args)
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    return not args.json or sys.stderr.isatty()
+
+
+def _emit(args: argparse.Namespace, report: dict[str, Any], render: Any) -> None:
+    if args.json:
+        print_json(report)
+    else:
+        render(report)
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from edged.tools.inspect import inspect_model, render_inspect  # noqa: PLC0415
+
+    _emit(args, inspect_model(args.model), render_inspect)
+    return 0
+
+
+def _quantize(args: argparse.Namespace) -> int:
+    from edged.tools.quantize import QuantizeOptions, quantize_model, render_quantize  # noqa: PLC0415
+
+    opts = QuantizeOptions(
+        calib=args.calib,
+        method=args.method,
+        activation_type=args.activation_type,
+        weight_type=args.weight_type,
+        per_channel=not args.per_tensor,
+        symmetric_activations=False if args.asymmetric_activations else None,
+        calib_limit=args.calib_limit,
+        shape=args.shape,
+        preprocess=preprocess_overrides(args.config, args.pipeline, args.preprocess),
+        percentile=args.percentile,
+        optimize=not args.no_optimize,
+        progress=_progress(args),
+    )
+    _emit(args, quantize_model(args.model, args.output, opts), render_quantize)
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from edged.tools.validate import Thresholds, ValidateOptions, render_validate, validate_models  # noqa: PLC0415
+
+    opts = ValidateOptions(
+        data=args.data,
+        limit=args.limit,
+        top_k=args.top_k,
+        rtol=args.rtol,
+        atol=args.atol,
+        task=args.task,
+        ref_provider=args.ref_provider,
+        provider=args.provider,
+        preprocess=preprocess_overrides(args.config, args.pipeline, args.preprocess),
+        progress=_progress(args),
+    )
+    gates = Thresholds(
+        min_top1=args.min_top1,
+        min_topk=args.min_topk,
+        min_cosine=args.min_cosine,
+        max_abs=args.max_abs,
+        require_allclose=args.require_allclose,
+    )
+    report = validate_models(args.reference, args.candidate, opts, gates)
+    _emit(args, report, render_validate)
+    return 0 if report["passed"] else 1
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from edged.tools.bench import BenchOptions, bench_models, plot_bench, render_bench  # noqa: PLC0415
+
+    opts = BenchOptions(
+        providers=[p.strip() for p in args.providers.split(",")] if args.providers else None,
+        threads=args.threads,
+        runs=args.runs,
+        warmup=args.warmup,
+        data=args.data,
+        shape=args.shape,
+        preprocess=preprocess_overrides(args.config, args.pipeline, args.preprocess),
+        progress=_progress(args),
+    )
+    report = bench_models(args.models, opts)
+    if args.plot is not None:
+        sys.stderr.write(plot_bench(report, args.plot) + "\n")
+    _emit(args, report, render_bench)
+    return 0
+
+
+def _budget(args: argparse.Namespace) -> int:
+    from dataclasses import replace  # noqa: PLC0415
+
+    from edged.tools.budget import (  # noqa: PLC0415
+        BudgetInputs,
+        compute_budget,
+        jpeg_payload_bytes,
+        measure_edge_ms,
+        render_budget,
+    )
+    from edged.tools.networks import PRESETS  # noqa: PLC0415
+
+    net = PRESETS[args.preset]
+    overrides = {"uplink_mbps": args.uplink, "downlink_mbps": args.downlink, "rtt_ms": args.rtt}
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if given:
+        net = replace(net, **given, description=f"{args.preset} preset with {', '.join(given)} overridden")
+    edge_ms, edge_from = args.edge_ms, "given"
+    if args.model is not None:
+        edge_ms, provider = measure_edge_ms(args.model, args.provider, 50, args.shape)
+        edge_from = f"measured here: p50 of {args.model.name} on {provider}"
+    payload = args.payload_kb * 1000 if args.payload_kb is not None else jpeg_payload_bytes(*args.frame)
+    inputs = BudgetInputs(
+        edge_infer_ms=edge_ms,
+        payload_bytes=payload,
+        network=net,
+        response_bytes=args.response_bytes,
+        cloud_infer_ms=args.cloud_ms,
+        queue_ms=args.queue_ms,
+        fps=args.fps,
+        price_per_1k_calls=args.price_per_1k,
+        data_price_per_gb=args.data_price_gb,
+        edge_monthly_cost=args.edge_monthly,
+    )
+    report = compute_budget(inputs)
+    report["edge"]["source"] = edge_from
+    report["preset"] = args.preset
+    _emit(args, report, render_budget)
+    return 0

@@ -1,0 +1,282 @@
+"""`edged quantize MODEL -o OUT --calib SOURCE`: static post-training int8 quantization (QDQ) with ORT.
+
+Default: QDQ format, per-channel int8 weights, signed int8 activations with zero point 0 (symmetric),
+MinMax calibration. Symmetric signed int8 everywhere is the only QDQ form TensorRT's explicit quantization
+accepts, and TensorRT comes first in edged's provider list (Jetson); the CPU provider runs it too. On an
+x86 CPU with VNNI, uint8 activations (U8S8, `--activation-type uint8`) can be faster; that model is then not
+for TensorRT.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edged import __version__
+from edged.config import PreprocessConfig
+from edged.errors import EdgedError, ToolError
+from edged.inference.preprocess import METADATA_KEY, Preprocessor
+from edged.inference.session import file_sha256
+from edged.tools import CALIBRATION_METHODS, QUANT_TYPES
+from edged.tools.common import human_bytes, require_onnx, resolve_preprocessor, stdout_console
+from edged.tools.frames import Tensor, describe, holds_tensors, load_inputs
+from edged.tools.graph import input_signature, pin_input_shape, prune_opset_imports, upgrade_opset
+from edged.tools.progress import CountingReader, progress_bar
+
+log = logging.getLogger(__name__)
+
+QUANTIZED_FROM_KEY = "edged.quantized_from"
+QUANTIZATION_KEY = "edged.quantization"
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    """What `edged quantize` was asked to do."""
+
+    calib: Path
+    method: str = "minmax"
+    activation_type: str = "int8"
+    weight_type: str = "int8"
+    per_channel: bool = True
+    symmetric_activations: bool | None = None  # None: symmetric for int8, asymmetric for uint8
+    calib_limit: int = 256
+    shape: tuple[int, ...] | None = None
+    preprocess: PreprocessConfig | None = None
+    percentile: float = 99.999
+    optimize: bool = True
+    progress: bool = True
+
+
+def quantize_model(src: Path, out: Path, opts: QuantizeOptions) -> dict[str, Any]:
+    """Quantize `src` into `out` and return the report (sizes, what was changed on the way, provenance)."""
+    onnx = require_onnx()
+    if opts.method not in CALIBRATION_METHODS or {opts.activation_type, opts.weight_type} - set(QUANT_TYPES):
+        raise ToolError(f"method must be one of {CALIBRATION_METHODS} and types one of {QUANT_TYPES}")
+    _check_paths(src, out)
+    started = time.monotonic()
+    notes: list[str] = []
+    try:
+        model = onnx.load(str(src))
+    except Exception as exc:
+        raise ToolError(f"{src} is not a readable ONNX model: {exc}") from exc
+    metadata = {p.key: p.value for p in model.metadata_props}
+    opset_before = _default_opset(model)
+    model, upgraded = upgrade_opset(model)
+    if upgraded:
+        notes.append(upgraded)
+    name, shape, input_type = input_signature(model)
+    preprocessor = _preprocessor(opts, metadata, list(opts.shape) if opts.shape else shape, input_type)
+    inputs = _calibration_inputs(opts, preprocessor, shape)
+    pinned = opts.shape or tuple(int(d) for d in inputs[0].shape)
+    pin_note = pin_input_shape(model, pinned)
+    if pin_note:
+        notes.append(pin_note)
+    with tempfile.TemporaryDirectory(prefix="edged-quantize-") as tmp:
+        staged = Path(tmp) / "staged.onnx"
+        onnx.save(model, str(staged))
+        prepared = _pre_process(staged, Path(tmp) / "prepared.onnx", opts.optimize, notes)
+        raw = Path(tmp) / "quantized.onnx"
+        _quantize_static(prepared, raw, name, inputs, opts)
+        result = onnx.load(str(raw))
+    provenance = _provenance(src, opts, len(inputs), opset_before)
+    props = {**metadata, QUANTIZED_FROM_KEY: provenance["source_sha256"], QUANTIZATION_KEY: json.dumps(provenance)}
+    if METADATA_KEY not in metadata and preprocessor is not None:
+        props[METADATA_KEY] = preprocessor.spec.to_metadata()
+        notes.append(f"wrote the preprocessing used for calibration into the {METADATA_KEY} metadata")
+    _note_float_activations(result, opts, notes)
+    del result.metadata_props[:]
+    onnx.helper.set_model_props(result, props)
+    prune_opset_imports(result)
+    try:
+        onnx.checker.check_model(result)
+    except Exception as exc:
+        raise ToolError(f"the quantized model fails the ONNX checker ({exc}); nothing was written") from exc
+    onnx.save(result, str(out))
+    _check_runs(out, name, inputs[0])
+    fp32, int8 = src.stat().st_size, out.stat().st_size
+    return {
+        "input": str(src),
+        "output": str(out),
+        "fp32_bytes": fp32,
+        "int8_bytes": int8,
+        "size_ratio": round(int8 / fp32, 4) if fp32 else None,
+        "calibration": {"source": str(opts.calib), "kind": describe(opts.calib), "frames": len(inputs)},
+        "input_shape": list(pinned),
+        "quantization": provenance,
+        "notes": notes,
+        "seconds": round(time.monotonic() - started, 2),
+    }
+
+
+def _check_paths(src: Path, out: Path) -> None:
+    if not src.is_file():
+        raise ToolError(f"model file not found: {src}")
+    if out.resolve() == src.resolve() or (out.exists() and out.samefile(src)):
+        raise ToolError(f"refusing to overwrite the input model {src}; give another -o path")
+    if out.is_dir():
+        raise ToolError(f"-o {out} is a folder; give the output .onnx file name")
+    if not out.parent.exists():
+        raise ToolError(f"output folder {out.parent} does not exist")
+
+
+def _default_opset(model: Any) -> int | None:
+    for op in model.opset_import:
+        if op.domain in ("", "ai.onnx"):
+            return int(op.version)
+    return None
+
+
+def _preprocessor(
+    opts: QuantizeOptions, metadata: dict[str, str], shape: list[Any], input_type: str
+) -> Preprocessor | None:
+    try:
+        return resolve_preprocessor(opts.preprocess, metadata, shape, input_type)
+    except EdgedError as exc:
+        if holds_tensors(opts.calib):
+            log.info("preprocessing unresolved (%s); the calibration set must hold ready tensors", exc)
+            return None
+        raise ToolError(
+            f"{exc}. For a model with dynamic input axes give --shape (e.g. --shape 1,3,224,224) or "
+            "--preprocess '{\"size\": [224, 224]}'"
+        ) from exc
+
+
+def _calibration_inputs(opts: QuantizeOptions, pre: Preprocessor | None, shape: list[Any]) -> list[Tensor]:
+    inputs = load_inputs(opts.calib, pre, list(opts.shape) if opts.shape else shape, opts.calib_limit)
+    first = tuple(inputs[0].shape)
+    if any(tuple(t.shape) != first for t in inputs):
+        raise ToolError("calibration inputs differ in shape; preprocessing must give one shape")
+    if opts.shape and first != opts.shape:
+        raise ToolError(f"--shape {list(opts.shape)} but the calibration inputs are {list(first)}")
+    if len(inputs) < 16:
+        log.warning("only %d calibration frame(s): ranges may not cover real inputs (100-500 is typical)", len(inputs))
+    return inputs
+
+
+def _pre_process(src: Path, dst: Path, optimize: bool, notes: list[str]) -> Path:
+    """ORT's quant_pre_process (shape inference, optional optimisation), degrading step by step on failure."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process  # noqa: PLC0415
+
+    attempts: list[tuple[str, dict[str, bool]]] = [
+        ("full", {"skip_optimization": not optimize}),
+        ("without symbolic shape inference", {"skip_optimization": not optimize, "skip_symbolic_shape": True}),
+        ("shape inference only", {"skip_optimization": True, "skip_symbolic_shape": True}),
+    ]
+    for label, kwargs in attempts:
+        try:
+            quant_pre_process(str(src), str(dst), **kwargs)
+        except Exception as exc:  # noqa: BLE001  (ORT raises anything from here; we degrade instead)
+            log.info("quant_pre_process (%s) failed: %s", label, str(exc).splitlines()[0] if str(exc) else exc)
+            continue
+        if label != "full":
+            notes.append(f"quant_pre_process ran {label} (the full run failed)")
+        return dst
+    notes.append("quant_pre_process failed; quantized the model without pre-processing")
+    return src
+
+
+def _quantize_static(src: Path, dst: Path, input_name: str, inputs: list[Tensor], opts: QuantizeOptions) -> None:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static  # noqa: PLC0415
+
+    qtype = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
+    method = {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }[opts.method]
+    extra: dict[str, Any] = {
+        "ActivationSymmetric": _symmetric(opts),
+        "WeightSymmetric": opts.weight_type == "int8",
+    }
+    if opts.method == "percentile":
+        extra["CalibPercentile"] = opts.percentile
+    with progress_bar(f"calibrating ({opts.method})", len(inputs), enabled=opts.progress) as advance:
+        reader = CountingReader(input_name, inputs, advance)
+        try:
+            quantize_static(
+                str(src),
+                str(dst),
+                reader,
+                quant_format=QuantFormat.QDQ,
+                per_channel=opts.per_channel,
+                activation_type=qtype[opts.activation_type],
+                weight_type=qtype[opts.weight_type],
+                calibrate_method=method,
+                extra_options=extra,
+            )
+        except Exception as exc:
+            raise ToolError(f"onnxruntime's quantizer failed: {exc}") from exc
+
+
+def _note_float_activations(model: Any, opts: QuantizeOptions, notes: list[str]) -> None:
+    """Say when symmetric activations left Relu/Clip in float between Q/DQ pairs (slow on a CPU, free on TensorRT)."""
+    left = sum(1 for n in model.graph.node if n.op_type in ("Relu", "Clip"))
+    if left and _symmetric(opts):
+        notes.append(
+            f"{left} Relu/Clip node(s) stay in float between QuantizeLinear/DequantizeLinear pairs: with symmetric "
+            "activations (zero point 0, what TensorRT needs) the quantizer cannot fold them into the ranges. TensorRT "
+            "fuses them; on a CPU-only device (Raspberry Pi) --asymmetric-activations folds them and runs faster, "
+            "but that model is not for TensorRT"
+        )
+
+
+def _symmetric(opts: QuantizeOptions) -> bool:
+    if opts.symmetric_activations is not None:
+        return opts.symmetric_activations
+    return opts.activation_type == "int8"
+
+
+def _provenance(src: Path, opts: QuantizeOptions, frames: int, opset_before: int | None) -> dict[str, Any]:
+    return {
+        "source_sha256": file_sha256(src),
+        "source_file": src.name,
+        "source_opset": opset_before,
+        "format": "QDQ",
+        "method": opts.method,
+        "calibration_frames": frames,
+        "activation_type": opts.activation_type,
+        "activation_symmetric": _symmetric(opts),
+        "weight_type": opts.weight_type,
+        "per_channel": opts.per_channel,
+        "date": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
+        "tool": f"edged {__version__}",
+    }
+
+
+def _check_runs(path: Path, input_name: str, sample: Tensor) -> None:
+    """Load the written model in ONNX Runtime and run it once, so a broken output fails here, not on the device."""
+    import onnxruntime as ort  # noqa: PLC0415
+
+    try:
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        outputs = sess.run(None, {input_name: sample})
+    except Exception as exc:
+        raise ToolError(f"the quantized model {path} was written but does not run in onnxruntime: {exc}") from exc
+    if not all(np.all(np.isfinite(np.asarray(o, dtype=np.float64))) for o in outputs):
+        log.warning("the quantized model gives non-finite outputs on a calibration frame")
+
+
+def render_quantize(report: dict[str, Any]) -> None:
+    """Print what was done and the fp32 vs int8 sizes."""
+    console = stdout_console()
+    for note in report["notes"]:
+        console.print(f"[yellow]note:[/] {note}")
+    q = report["quantization"]
+    sym = "symmetric" if q["activation_symmetric"] else "asymmetric"
+    console.print(
+        f"quantized {report['input']} -> [bold]{report['output']}[/]\n"
+        f"  QDQ, weights {q['weight_type']} {'per-channel' if q['per_channel'] else 'per-tensor'}, "
+        f"activations {q['activation_type']} {sym}, {q['method']} calibration on "
+        f"{report['calibration']['frames']} frame(s) ({report['calibration']['kind']}), input {report['input_shape']}\n"
+        f"  size: fp32 {human_bytes(report['fp32_bytes'])} -> int8 {human_bytes(report['int8_bytes'])} "
+        f"({report['size_ratio']:.0%} of the original) in {report['seconds']} s\n"
+        f"  next: edged validate {report['input']} {report['output']} --data HELD_OUT_FRAMES"
+    )

@@ -1,0 +1,261 @@
+"""`edged validate REFERENCE CANDIDATE --data SOURCE`: does the int8 model still say what the fp32 one said?
+
+Both models run on the same held-out frames through the same preprocessing (the reference model's, from
+its metadata or the flags). Runtimes, providers and precisions never give bit-identical outputs, so the gate
+is on agreement (top-1, top-k, cosine similarity), not on equality; the report shows where they differ.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from edged.config import PreprocessConfig
+from edged.errors import EdgedError, ToolError
+from edged.inference.preprocess import METADATA_KEY, Preprocessor
+from edged.inference.session import CPU, LoadedModel
+from edged.tools.common import open_model, resolve_preprocessor, stdout_console
+from edged.tools.frames import Tensor, describe, load_inputs
+from edged.tools.progress import progress_bar
+
+log = logging.getLogger(__name__)
+
+IDENTICAL_NOTE = (
+    "Runtimes, providers and precisions never give bit-identical results (different kernels, fused "
+    "operators, summation order, int8 rounding): judge by agreement, not equality."
+)
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Gates; a None threshold is reported but not enforced."""
+
+    min_top1: float | None = 0.95
+    min_topk: float | None = None
+    min_cosine: float | None = 0.98
+    max_abs: float | None = None
+    require_allclose: bool = False
+
+
+@dataclass(frozen=True)
+class ValidateOptions:
+    """What to compare and how."""
+
+    data: Path
+    limit: int | None = 500
+    top_k: int = 5
+    rtol: float = 1e-3
+    atol: float = 1e-3
+    task: str = "auto"  # auto | classify | raw
+    ref_provider: str = CPU
+    provider: str = CPU
+    preprocess: PreprocessConfig | None = None
+    progress: bool = True
+
+
+def validate_models(ref: Path, cand: Path, opts: ValidateOptions, gates: Thresholds) -> dict[str, Any]:
+    """Run both models on the frames and return the report; `report["passed"]` is the gate's verdict."""
+    with open_model(ref, opts.ref_provider) as a, open_model(cand, opts.provider) as b:
+        _check_compatible(a, b)
+        pre = _preprocessor(a, b, opts.preprocess)
+        inputs = load_inputs(opts.data, pre, a.input_shape, opts.limit)
+        outs_a, outs_b = _run_both(a, b, inputs, opts.progress)
+        names = a.output_names
+        b_shape_ok = [np.asarray(x).shape for x in outs_b[0]] == [np.asarray(x).shape for x in outs_a[0]]
+        if not b_shape_ok:
+            raise ToolError("the models' outputs differ in shape; they are not two versions of one model")
+        per_output = [_compare(name, _stack(outs_a, i), _stack(outs_b, i), opts) for i, name in enumerate(names)]
+        classify = _is_classifier(_stack(outs_a, 0), opts.task)
+        report: dict[str, Any] = {
+            "reference": {"path": str(ref), "provider": a.provider, "sha256": a.sha256},
+            "candidate": {"path": str(cand), "provider": b.provider, "sha256": b.sha256},
+            "data": {"source": str(opts.data), "kind": describe(opts.data), "frames": len(inputs)},
+            "classification": _classification(_stack(outs_a, 0), _stack(outs_b, 0), opts.top_k) if classify else None,
+            "outputs": per_output,
+            "note": IDENTICAL_NOTE,
+        }
+    report["checks"] = _checks(report, gates)
+    report["passed"] = all(c["passed"] for c in report["checks"])
+    return report
+
+
+def _check_compatible(a: LoadedModel, b: LoadedModel) -> None:
+    if a.output_names != b.output_names:
+        raise ToolError(f"the models have different outputs: {a.output_names} vs {b.output_names}")
+    if a.input_type != b.input_type:
+        raise ToolError(f"the models take different input types: {a.input_type} vs {b.input_type}")
+
+
+def _preprocessor(a: LoadedModel, b: LoadedModel, overrides: PreprocessConfig | None) -> Preprocessor:
+    """The reference's preprocessing; the candidate's when the reference cannot tell (e.g. dynamic fp32 axes)."""
+    try:
+        return resolve_preprocessor(overrides, a.metadata, a.input_shape, a.input_type)
+    except EdgedError as first:
+        if METADATA_KEY not in b.metadata:
+            raise ToolError(f"{first}; give --preprocess '{{\"size\": [W, H]}}'") from first
+        log.info("using the candidate's %s metadata (%s)", METADATA_KEY, first)
+        return resolve_preprocessor(overrides, b.metadata, b.input_shape, b.input_type)
+
+
+def _run_both(
+    a: LoadedModel, b: LoadedModel, inputs: list[Tensor], progress: bool
+) -> tuple[list[list[Tensor]], list[list[Tensor]]]:
+    outs_a: list[list[Tensor]] = []
+    outs_b: list[list[Tensor]] = []
+    with progress_bar("validating", len(inputs), enabled=progress) as advance:
+        for x in inputs:
+            outs_a.append(a.run(x))
+            outs_b.append(b.run(x))
+            advance(1)
+    return outs_a, outs_b
+
+
+def _stack(outs: list[list[Tensor]], i: int) -> npt.NDArray[np.float64]:
+    """Output i of every frame as float64, one row per frame."""
+    return np.stack([np.asarray(o[i], dtype=np.float64).reshape(-1) for o in outs])
+
+
+def _is_classifier(ref: npt.NDArray[np.float64], task: str) -> bool:
+    if task != "auto":
+        return task == "classify"
+    return bool(ref.shape[1] > 1)
+
+
+def _classification(ref: npt.NDArray[np.float64], cand: npt.NDArray[np.float64], k: int) -> dict[str, Any]:
+    k = min(k, ref.shape[1])
+    top1_a, top1_b = ref.argmax(axis=1), cand.argmax(axis=1)
+    agree = top1_a == top1_b
+    topk_a = np.argsort(-ref, axis=1)[:, :k]
+    topk_b = np.argsort(-cand, axis=1)[:, :k]
+    overlap = np.array([len(set(x) & set(y)) / k for x, y in zip(topk_a, topk_b, strict=True)])
+    disagree = np.flatnonzero(~agree)
+    return {
+        "top1_agreement": float(agree.mean()),
+        "top_k": k,
+        "topk_overlap": float(overlap.mean()),
+        "disagreements": int(disagree.size),
+        "distinct_top1": int(np.unique(top1_a).size),  # 1: a model that always says the same says little
+        "disagreeing_frames": [
+            {"frame": int(f), "reference": int(top1_a[f]), "candidate": int(top1_b[f])} for f in disagree[:10]
+        ],
+    }
+
+
+def _compare(
+    name: str, a: npt.NDArray[np.float64], b: npt.NDArray[np.float64], opts: ValidateOptions
+) -> dict[str, Any]:
+    diff = np.abs(a - b)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    dots = np.einsum("ij,ij->i", a, b)
+    cosine = np.where(norms > 0, dots / np.where(norms > 0, norms, 1.0), np.where(diff.max(axis=1) == 0, 1.0, 0.0))
+    worst_frame, worst_index = np.unravel_index(int(diff.argmax()), diff.shape)
+    close = np.isclose(b, a, rtol=opts.rtol, atol=opts.atol)
+    ref_range = float(a.max() - a.min()) if a.size else 0.0
+    return {
+        "name": name,
+        "max_abs_error": float(diff.max()),
+        "mean_abs_error": float(diff.mean()),
+        "p99_abs_error": float(np.percentile(diff, 99)),
+        "reference_range": ref_range,
+        "cosine_mean": float(cosine.mean()),
+        "cosine_min": float(cosine.min()),
+        "worst_cosine_frame": int(cosine.argmin()),
+        "max_error_at": {"frame": int(worst_frame), "index": int(worst_index)},
+        "allclose": bool(close.all()),
+        "allclose_fraction": float(close.mean()),
+        "rtol": opts.rtol,
+        "atol": opts.atol,
+    }
+
+
+def _checks(report: dict[str, Any], gates: Thresholds) -> list[dict[str, Any]]:
+    checks: list[dict[str, Any]] = []
+
+    def add(what: str, value: float | bool, limit: float | bool, ok: bool) -> None:
+        checks.append({"check": what, "value": value, "threshold": limit, "passed": bool(ok)})
+
+    cls = report["classification"]
+    if cls is not None and gates.min_top1 is not None:
+        add("top-1 agreement >=", cls["top1_agreement"], gates.min_top1, cls["top1_agreement"] >= gates.min_top1)
+    if cls is not None and gates.min_topk is not None:
+        add(
+            f"top-{cls['top_k']} overlap >=", cls["topk_overlap"], gates.min_topk, cls["topk_overlap"] >= gates.min_topk
+        )
+    for out in report["outputs"]:
+        if gates.min_cosine is not None:
+            add(
+                f"{out['name']}: mean cosine >=",
+                out["cosine_mean"],
+                gates.min_cosine,
+                out["cosine_mean"] >= gates.min_cosine,
+            )
+        if gates.max_abs is not None:
+            add(
+                f"{out['name']}: max abs error <=",
+                out["max_abs_error"],
+                gates.max_abs,
+                out["max_abs_error"] <= gates.max_abs,
+            )
+        if gates.require_allclose:
+            add(f"{out['name']}: allclose", out["allclose"], True, out["allclose"])
+    return checks
+
+
+def render_validate(report: dict[str, Any]) -> None:
+    """Print agreement, per-output errors, the checks and the verdict."""
+    from rich.table import Table  # noqa: PLC0415
+
+    console = stdout_console()
+    ref, cand = report["reference"], report["candidate"]
+    console.print(
+        f"reference {ref['path']} ({ref['provider']})\ncandidate {cand['path']} ({cand['provider']})\n"
+        f"{report['data']['frames']} frame(s) from {report['data']['source']} ({report['data']['kind']})"
+    )
+    cls = report["classification"]
+    if cls is not None:
+        console.print(
+            f"top-1 agreement {cls['top1_agreement']:.2%} ({cls['disagreements']} frame(s) differ), "
+            f"top-{cls['top_k']} overlap {cls['topk_overlap']:.2%}; the reference chose "
+            f"{cls['distinct_top1']} distinct class(es)"
+        )
+        for d in cls["disagreeing_frames"]:
+            console.print(f"  frame {d['frame']}: reference says {d['reference']}, candidate {d['candidate']}")
+    table = Table(title="per output", title_justify="left", header_style="bold")
+    for col in (
+        "output",
+        "max abs err",
+        "(frame, index)",
+        "mean abs err",
+        "p99 abs err",
+        "ref range",
+        "cosine mean",
+        "cosine min (frame)",
+        "allclose",
+    ):
+        table.add_column(col, justify="left" if col == "output" else "right")
+    for o in report["outputs"]:
+        at = o["max_error_at"]
+        table.add_row(
+            o["name"],
+            f"{o['max_abs_error']:.4g}",
+            f"({at['frame']}, {at['index']})",
+            f"{o['mean_abs_error']:.4g}",
+            f"{o['p99_abs_error']:.4g}",
+            f"{o['reference_range']:.4g}",
+            f"{o['cosine_mean']:.5f}",
+            f"{o['cosine_min']:.5f} ({o['worst_cosine_frame']})",
+            f"{'yes' if o['allclose'] else 'no'} "
+            f"({o['allclose_fraction']:.1%} within rtol={o['rtol']:g}, atol={o['atol']:g})",
+        )
+    console.print(table)
+    console.print(f"[dim]{report['note']}[/]")
+    for c in report["checks"]:
+        mark = "[green]PASS[/]" if c["passed"] else "[red]FAIL[/]"
+        value = c["value"] if isinstance(c["value"], bool) else f"{c['value']:.5g}"
+        console.print(f"{mark} {c['check']} {c['threshold']}: {value}")
+    console.print("[bold green]passed[/]" if report["passed"] else "[bold red]FAILED[/]: exit 1")

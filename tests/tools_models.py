@@ -1,0 +1,81 @@
+"""Tiny real ONNX models and frame sets for the toolchain tests (built with onnx.helper, no downloads)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from edged.inference.preprocess import PreprocessSpec
+from edged.tools.frames import save_frames
+
+SIZE = 16
+CLASSES = 6
+
+
+def make_conv_model(
+    path: Path,
+    *,
+    opset: int = 17,
+    dynamic: bool = False,
+    metadata: bool = True,
+    damage: bool = False,
+    seed: int = 0,
+) -> Path:
+    """Conv 3x3 -> ReLU -> GlobalAveragePool -> Gemm: a small CNN classifier with seeded weights.
+
+    `dynamic`: batch, height and width are symbolic axes. `damage`: the classifier weights are shuffled,
+    as a broken conversion would leave them (same graph, different answers).
+    """
+    rng = np.random.default_rng(seed)
+    w1 = rng.normal(0, 0.5, (12, 3, 3, 3)).astype(np.float32)
+    b1 = rng.normal(0, 0.1, 12).astype(np.float32)
+    w2 = rng.normal(0, 1.0, (12, CLASSES)).astype(np.float32)
+    if damage:
+        w2 = w2[:, ::-1] * -1.0
+    dims: list[int | str] = ["N", 3, "H", "W"] if dynamic else [1, 3, SIZE, SIZE]
+    x = helper.make_tensor_value_info("image", TensorProto.FLOAT, dims)
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N" if dynamic else 1, CLASSES])
+    nodes = [
+        helper.make_node("Conv", ["image", "W1", "B1"], ["conv"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["conv"], ["relu"]),
+        helper.make_node("GlobalAveragePool", ["relu"], ["pool"]),
+        helper.make_node("Flatten", ["pool"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "W2", "B2"], ["logits"]),
+    ]
+    inits = [
+        numpy_helper.from_array(w1, "W1"),
+        numpy_helper.from_array(b1, "B1"),
+        numpy_helper.from_array(np.ascontiguousarray(w2), "W2"),
+        numpy_helper.from_array(np.zeros(CLASSES, np.float32), "B2"),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "conv", [x], [y], initializer=inits),
+        opset_imports=[helper.make_opsetid("", opset)],
+    )
+    model.ir_version = 7
+    props = {"edged.labels": json.dumps([f"class{i}" for i in range(CLASSES)]), "edged.name": "conv"}
+    if metadata:
+        spec = PreprocessSpec(size=(SIZE, SIZE), mean=(0.5,), std=(0.25,))
+        props["edged.preprocess"] = spec.to_metadata()
+    helper.set_model_props(model, props)
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def make_frames(path: Path, count: int, *, seed: int = 1, size: tuple[int, int] = (24, 20)) -> Path:
+    """A `.npz` of varied BGR frames: smooth random colour fields plus noise, so classes differ per frame."""
+    import cv2
+
+    rng = np.random.default_rng(seed)
+    frames = []
+    for _ in range(count):
+        low = rng.integers(0, 256, size=(3, 3, 3), dtype=np.uint8)
+        img = cv2.resize(low, size, interpolation=cv2.INTER_LINEAR).astype(np.float32)
+        img += rng.normal(0, 20, img.shape)
+        frames.append(np.clip(img, 0, 255).astype(np.uint8))
+    return save_frames(path, frames)
