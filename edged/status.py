@@ -124,6 +124,25 @@ def _age(ts: float | None) -> str:
     return f"{max(0.0, time.time() - ts):.0f} s ago"
 
 
+def _mib(n: float | None) -> str:
+    return "?" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def _render_spool(console: Any, spool: dict[str, Any]) -> None:
+    reasons = spool.get("dropped_by_reason") or {}
+    dropped = ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "0"
+    console.print(
+        f"spool  depth {spool.get('depth', 0)}  {_mib(spool.get('bytes', 0))} of {_mib(spool.get('max_bytes'))}"
+        f"  oldest {spool.get('oldest_age_s', 0):.0f} s  disk free {_mib(spool.get('disk_free_bytes'))}"
+    )
+    line = f"       dropped {dropped}  dead letters {spool.get('dead_letters', 0)}"
+    if spool.get("recovered_from"):
+        line += f"  [red]damaged spool moved to {spool['recovered_from']}[/]"
+    if spool.get("error"):
+        line += f"  [red]{spool['error']}[/]"
+    console.print(line)
+
+
 def render(snapshot: dict[str, Any], *, color: bool | None = None) -> None:
     """Print the snapshot as compact tables (fits 80 columns; colour only on a TTY)."""
     from rich.console import Console  # noqa: PLC0415  (only the client needs rich)
@@ -156,12 +175,7 @@ def render(snapshot: dict[str, Any], *, color: bool | None = None) -> None:
         model = p.get("model") or {}
         line = f"  {p.get('name')}: {p.get('source')}  model {model.get('name')} {str(model.get('sha256'))[:12]}"
         console.print(line + (f"  [yellow]{p['error']}[/]" if p.get("error") else ""), soft_wrap=True)
-    spool = snapshot.get("spool", {})
-    console.print(
-        f"spool  depth {spool.get('depth', 0)}  {spool.get('bytes', 0) / 1024:.1f} KiB"
-        f"  oldest {spool.get('oldest_age_s', 0):.0f} s  dropped {spool.get('dropped', 0)}"
-        + (f"  [red]{spool['error']}[/]" if spool.get("error") else "")
-    )
+    _render_spool(console, snapshot.get("spool", {}))
     mqtt = snapshot.get("mqtt", {})
     if not mqtt.get("enabled", True):
         console.print("mqtt   disabled (results stay in the spool)")

@@ -99,7 +99,16 @@ def test_exit_codes_and_table_render(capsys: pytest.CaptureFixture[str]) -> None
                 "error": "/dev/video0: cannot open",
             }
         ],
-        "spool": {"depth": 7, "bytes": 2048, "oldest_age_s": 30, "dropped": 0},
+        "spool": {
+            "depth": 7,
+            "bytes": 2048,
+            "oldest_age_s": 30,
+            "dropped": 3,
+            "dropped_by_reason": {"expired": 3},
+            "dead_letters": 1,
+            "max_bytes": 2**28,
+            "disk_free_bytes": 2**30,
+        },
         "mqtt": {"enabled": True, "connected": False, "broker": "b:1883", "published": 0, "last_error": "refused"},
     }
     assert exit_code(snap) == 1
@@ -110,6 +119,8 @@ def test_exit_codes_and_table_render(capsys: pytest.CaptureFixture[str]) -> None
     assert "cam0" in out
     assert "reconnecting" in out
     assert "depth 7" in out
+    assert "dropped expired 3" in out
+    assert "dead letters 1" in out
     assert "disconnected b:1883" in out
     assert "\x1b[" not in out  # no colour codes off a TTY
 
