@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import threading
 import time
 from pathlib import Path
 
+import paho.mqtt.client as paho
 import pytest
 from conftest import Broker, wait_for
+from paho.mqtt.enums import CallbackAPIVersion
 
 from edged.config import MqttConfig
 from edged.mqtt import Publisher, topic_for
@@ -127,4 +131,119 @@ def test_publisher_thread_stops_promptly_while_the_broker_is_absent(tmp_path: Pa
     pub.join(10)
     assert not pub.is_alive()  # it does not sit out the grace period with nobody to talk to
     assert pub.name == "edged-mqtt"
+    spool.close()
+
+
+def test_batching_sends_json_arrays_in_seq_order(tmp_path: Path, broker: Broker, subscribe) -> None:
+    spool, pub, _, device = make(tmp_path, broker, batch=5)
+    sub = subscribe(broker, f"edged/{device}/#")
+    fill(spool, device, 12)
+    pub.start()
+    wait_for(lambda: spool.depth == 0, 20, "drained")
+    pub.request_stop(1.0)
+    pub.join(10)
+    spool.close()
+    arrays = [json.loads(p) for p, _ in sub.payloads(f"edged/{device}/cam0/results")]
+    assert [len(a) for a in arrays] == [5, 5, 2]
+    assert [m["seq"] for a in arrays for m in a] == list(range(1, 13))
+
+
+def test_mqtt5_messages_carry_expiry_content_type_and_seq(tmp_path: Path, broker: Broker) -> None:
+    got: list[paho.MQTTMessage] = []
+    client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+    ready = threading.Event()
+    client.on_subscribe = lambda *_: ready.set()
+    client.on_message = lambda _c, _u, msg: got.append(msg)
+    client.connect(broker.host, broker.port)
+    client.loop_start()
+    spool, pub, _, device = make(tmp_path, broker)
+    client.subscribe(f"edged/{device}/+/results", qos=1)
+    assert ready.wait(10)
+    fill(spool, device, 1)
+    pub.start()
+    wait_for(lambda: got, 10, "a message")
+    pub.request_stop(1.0)
+    pub.join(10)
+    client.loop_stop()
+    client.disconnect()
+    spool.close()
+    props = got[0].properties
+    assert props.ContentType == "application/json"
+    assert 0 < props.MessageExpiryInterval <= 7 * 86400  # the spool's TTL, counted down
+    assert ("seq", "1") in props.UserProperty
+
+
+def test_periodic_stats_message(tmp_path: Path, broker: Broker, subscribe) -> None:
+    spool = Spool(tmp_path / "s.db", batch_ms=10)
+    spool.start()
+    cfg = MqttConfig.model_validate({"host": broker.host, "port": broker.port, "stats_interval_s": 0.2})
+    pub = Publisher(cfg, "statsdev", spool, MqttStats(), stats_source=lambda: {"spool": spool.stats()})
+    sub = subscribe(broker, "edged/statsdev/stats")
+    pub.start()
+    wait_for(lambda: len(sub.payloads("edged/statsdev/stats")) >= 2, 10, "two stats messages")
+    pub.request_stop(1.0)
+    pub.join(10)
+    spool.close()
+    body = json.loads(sub.payloads("edged/statsdev/stats")[-1][0])
+    assert body["device"] == "statsdev"
+    assert {"depth", "dropped", "dropped_by_reason", "dead_letters"} <= set(body["spool"])
+
+
+def test_rate_limit_token_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    from edged import mqtt
+
+    now = [100.0]
+    monkeypatch.setattr(mqtt.time, "monotonic", lambda: now[0])
+    bucket = mqtt._RateLimit(10.0)
+    assert bucket.allow() == 10  # a burst of one second's worth
+    bucket.take(10)
+    assert bucket.allow() == 0
+    now[0] += 0.5
+    assert bucket.allow() == 5
+    assert mqtt._RateLimit(0).allow() > 10**6  # 0 = unlimited
+
+
+@pytest.mark.parametrize("via", ["file", "credential"])
+def test_username_and_password_from_a_file_or_a_systemd_credential(
+    tmp_path: Path, own_broker: Broker, monkeypatch: pytest.MonkeyPatch, via: str
+) -> None:
+    passwd = tmp_path / "passwd"
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwd), "edged", "s3cret"], check=True)
+    own_broker.extra_conf = f"allow_anonymous false\npassword_file {passwd}\n"
+    own_broker.start()
+    secret = tmp_path / "creds" / "mqtt-password"
+    secret.parent.mkdir()
+    secret.write_text("s3cret\n", encoding="utf-8")
+    secret.chmod(0o600)
+    if via == "file":
+        extra: dict[str, object] = {"password_file": str(secret)}
+    else:
+        monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(secret.parent))
+        extra = {"password_credential": "mqtt-password"}
+    spool, pub, stats, device = make(tmp_path, own_broker, username="edged", **extra)
+    fill(spool, device, 3)
+    pub.start()
+    wait_for(lambda: spool.depth == 0, 10, "delivery with credentials")
+    pub.request_stop(1.0)
+    pub.join(10)
+    spool.close()
+    assert stats.published == 3
+
+
+def test_a_wrong_password_is_reported_and_nothing_is_lost(tmp_path: Path, own_broker: Broker) -> None:
+    passwd = tmp_path / "passwd"
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwd), "edged", "right"], check=True)
+    own_broker.extra_conf = f"allow_anonymous false\npassword_file {passwd}\n"
+    own_broker.start()
+    wrong = tmp_path / "pw"
+    wrong.write_text("wrong\n", encoding="utf-8")
+    wrong.chmod(0o600)
+    spool, pub, stats, device = make(tmp_path, own_broker, username="edged", password_file=str(wrong))
+    fill(spool, device, 2)
+    pub.start()
+    wait_for(lambda: stats.last_error and "refused the connection" in stats.last_error, 10, "a refusal")
+    pub.request_stop(0.5)
+    pub.join(10)
+    assert "wrong" not in (stats.last_error or "")  # never a secret in messages
+    assert spool.depth == 2
     spool.close()
