@@ -11,6 +11,7 @@ from pathlib import Path
 from edged import __version__
 from edged.config import default_config_path, load_config
 from edged.errors import ConfigError, EdgedError
+from edged.logs import setup_logging
 from edged.status import EXIT_NOT_RUNNING
 
 log = logging.getLogger("edged")
@@ -185,17 +186,10 @@ def _budget_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     g.add_argument("--json", action="store_true", help="machine-readable report")
 
 
-def _setup_logging(level: int) -> None:
-    fmt = "%(levelname)s %(name)s: %(message)s"
-    if sys.stderr.isatty():
-        fmt = "%(asctime)s " + fmt
-    logging.basicConfig(level=level, format=fmt, stream=sys.stderr)
-
-
 def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911  (one return per command)
     """Entry point of the `edged` console script."""
     args = _parser().parse_args(argv)
-    _setup_logging(logging.DEBUG if args.verbose else logging.INFO)
+    setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     try:
         if args.command == "check-config":
             return _check_config(args.file)
@@ -233,7 +227,7 @@ def _run(path: Path, *, verbose: bool) -> int:
     config = load_config(path)
     if not verbose:
         logging.getLogger().setLevel(config.log_level.upper())
-    return run_daemon(Daemon(config))
+    return run_daemon(Daemon(config, config_path=path))
 
 
 def _status(config_path: Path | None, socket_path: Path | None, *, as_json: bool) -> int:

@@ -95,6 +95,9 @@ class ModelConfig(Strict):
     trt_engine_cache_dir: Path | None = Field(None, description="TensorRT engine cache; default <state_dir>/trt-cache.")
     trt_fp16: bool = Field(True, description="Let TensorRT use fp16 kernels.")
     trt_int8: bool = Field(True, description="Let TensorRT use int8 kernels (QDQ models).")
+    sha256: str | None = Field(
+        None, pattern=r"^[0-9a-fA-F]{64}$", description="Pin: refuse a model file with another sha256."
+    )
     provider_options: dict[str, dict[str, str | int | float | bool]] = Field(
         default_factory=dict, description="Extra options per provider, passed through as given."
     )
@@ -281,6 +284,9 @@ class Config(Strict):
     device_id: str = Field(default_factory=socket.gethostname, pattern=NAME_PATTERN)
     state_dir: Path = Field(Path("/var/lib/edged"), description="Spool database and sequence numbers.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    watchdog_stall_s: float = Field(
+        60.0, gt=0, description="A pipeline without progress this long stops the systemd watchdog pings."
+    )
     status: StatusConfig = Field(default_factory=StatusConfig)
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     spool: SpoolConfig = Field(default_factory=SpoolConfig)

@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -15,12 +16,13 @@ from edged import __version__
 from edged.config import Config, PipelineConfig
 from edged.errors import EdgedError
 from edged.mqtt import Publisher, topic_for
-from edged.pipeline import InferenceWorker, ResultHook, Turnstile, prepare_model
+from edged.pipeline import InferenceWorker, ModelRef, ResultHook, Turnstile, prepare_model
+from edged.reload import Reloader, model_file_stat
 from edged.sources import FrameSlot, Source, make_source
 from edged.spool import Spool, SpoolLimits
 from edged.stats import MqttStats, PipelineStats
 from edged.status import StatusServer
-from edged.systemd import notify
+from edged.systemd import notify, watchdog_interval
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,9 @@ class PipelineRuntime:
     slot: FrameSlot
     source: Source | None = None
     workers: list[InferenceWorker] = field(default_factory=list)
+    ref: ModelRef | None = None
+    model_stat: tuple[int, int, int] | None = None  # (mtime_ns, size, inode) of the model file in use
+    seen_stat: tuple[int, int, int] | None = None  # what the last poll saw (a swap waits for it to settle)
 
     def running(self) -> bool:
         """True while any inference worker of the pipeline is alive."""
@@ -52,16 +57,19 @@ class Daemon:
         self,
         config: Config,
         *,
+        config_path: Path | None = None,
         on_result: ResultHook | None = None,
         source_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.config = config
+        self.reloader = Reloader(self, config_path)
         self.on_result = on_result
         self.source_kwargs = source_kwargs or {}
         self.state = "starting"
         self.started = time.monotonic()
         self._stop = threading.Event()
         self._stopped = False
+        self._watchdog_warned = False
         self.mqtt_stats = MqttStats(enabled=config.mqtt.enabled)
         self.pipelines = [
             PipelineRuntime(p, PipelineStats(p.name, str(p.source.uri)), FrameSlot()) for p in config.pipelines
@@ -107,10 +115,12 @@ class Daemon:
         for rt, model in zip(self.pipelines, models, strict=True):
             topic = topic_for(cfg.mqtt.topic, cfg.device_id, rt.cfg.name)
             turnstile = Turnstile(rt.slot)
+            rt.ref = ModelRef(model)
+            rt.model_stat = model_file_stat(rt.cfg.model.path)
             rt.workers = [
                 InferenceWorker(
                     rt.cfg,
-                    model,
+                    rt.ref,
                     turnstile=turnstile,
                     spool=self.spool,
                     stats=rt.stats,
@@ -121,17 +131,12 @@ class Daemon:
                 )
                 for i in range(model.loaded.concurrency)
             ]
-            rt.source = make_source(
-                rt.cfg.source,
-                slot=rt.slot,
-                stats=rt.stats,
-                name=f"edged-source-{rt.cfg.name}",
-                transform=model.pre,
-                **self.source_kwargs,
-            )
+            rt.source = self.make_source(rt)
             for worker in rt.workers:
                 worker.start()
             rt.source.start()
+            rt.stats.touch()  # loading and warming up was progress (a TensorRT build can take minutes)
+        self.reloader.start()
         self.state = "running"
         notify("READY=1")
         log.info(
@@ -139,6 +144,19 @@ class Daemon:
             __version__,
             len(self.pipelines),
             cfg.status_socket,
+        )
+
+    def make_source(self, rt: PipelineRuntime) -> Source:
+        """The source of a pipeline, preprocessing with its current model."""
+        if rt.ref is None:
+            raise RuntimeError(f"pipeline {rt.cfg.name} has no model yet")
+        return make_source(
+            rt.cfg.source,
+            slot=rt.slot,
+            stats=rt.stats,
+            name=f"edged-source-{rt.cfg.name}",
+            transform=rt.ref,
+            **self.source_kwargs,
         )
 
     def _close_partial(self) -> None:
@@ -149,17 +167,29 @@ class Daemon:
         if spool is not None:
             spool.close()
 
+    def request_reload(self) -> None:
+        """Re-read the config file (SIGHUP); safe from signal handlers."""
+        self.reloader.request_reload()
+
     def request_stop(self) -> None:
         """Ask `wait()` to return; safe from signal handlers and other threads."""
         self._stop.set()
 
     def wait(self) -> None:
-        """Block until a stop is requested or every pipeline has ended; refresh sd_notify STATUS=."""
-        next_log = time.monotonic() + LOG_EVERY_S
-        while not self._stop.wait(STATUS_EVERY_S if os.environ.get("NOTIFY_SOCKET") else 0.5):
-            if os.environ.get("NOTIFY_SOCKET"):
+        """Block until a stop is requested or every pipeline has ended; feed sd_notify STATUS= and WATCHDOG=."""
+        now = time.monotonic()
+        next_log, next_status, next_ping = now + LOG_EVERY_S, now, now
+        ping_every = watchdog_interval()
+        tick = min(0.5, ping_every or 0.5)
+        while not self._stop.wait(tick):
+            now = time.monotonic()
+            if os.environ.get("NOTIFY_SOCKET") and now >= next_status:
+                next_status = now + STATUS_EVERY_S
                 notify("STATUS=" + self.status_line())
-            if time.monotonic() >= next_log:
+            if ping_every and now >= next_ping:
+                next_ping = now + ping_every
+                self._watchdog()
+            if now >= next_log:
                 next_log += LOG_EVERY_S
                 log.info("%s", self.status_line())
             for rt in self.pipelines:
@@ -169,6 +199,18 @@ class Daemon:
                 log.info("every pipeline has ended; stopping")
                 return
 
+    def _watchdog(self) -> None:
+        """WATCHDOG=1 only while every pipeline shows progress: a hung run stops the pings, systemd restarts us."""
+        stalled = [rt.cfg.name for rt in self.pipelines if rt.stats.stalled(self.config.watchdog_stall_s)]
+        if not stalled:
+            notify("WATCHDOG=1")
+        elif not self._watchdog_warned:
+            self._watchdog_warned = True
+            log.error(
+                "pipeline(s) %s made no progress for %.0f s; not feeding the systemd watchdog",
+                ", ".join(stalled), self.config.watchdog_stall_s,
+            )  # fmt: skip
+
     def stop(self) -> None:
         """Stop sources, finish frames in flight, commit, publish within the grace period, say offline."""
         if self._stopped:
@@ -176,6 +218,7 @@ class Daemon:
         self._stopped = True
         self.state = "stopping"
         notify("STOPPING=1")
+        self.reloader.stop()
         for rt in self.pipelines:
             if rt.source is not None:
                 rt.source.stop()
@@ -220,6 +263,7 @@ class Daemon:
             "pipelines": [rt.stats.snapshot() for rt in self.pipelines],
             "spool": self.spool.stats() if self.spool is not None else {},
             "mqtt": self.mqtt_stats.snapshot(),
+            "reload": self.reloader.status(),
         }
 
     def status_line(self) -> str:
@@ -244,7 +288,11 @@ def run_daemon(daemon: Daemon) -> int:
         log.info("%s received: stopping", signal.Signals(signum).name)
         daemon.request_stop()
 
+    def on_hup(_signum: int, _frame: FrameType | None) -> None:
+        daemon.request_reload()
+
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hup)
     try:
         daemon.start()
         daemon.wait()

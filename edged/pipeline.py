@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from edged import MESSAGE_VERSION
 from edged.config import PipelineConfig
 from edged.inference.postprocess import Postprocessor, make_postprocessor
@@ -33,6 +36,30 @@ class Model:
     loaded: LoadedModel
     pre: Preprocessor
     post: Postprocessor
+
+
+class ModelRef:
+    """The pipeline's current model, swapped atomically between two frames (a reference assignment).
+
+    It is also the source's transform: the source thread preprocesses with the current model and
+    records which preprocessing it used in `last_token`.
+    """
+
+    def __init__(self, model: Model) -> None:
+        self.current = model
+        self.last_token: object = None
+
+    def __call__(self, image: npt.NDArray[np.uint8]) -> npt.NDArray[Any]:
+        """Preprocess with the current model (called by the source thread only)."""
+        pre = self.current.pre
+        tensor = pre(image)
+        self.last_token = pre.spec
+        return tensor
+
+    def swap(self, model: Model) -> Model:
+        """Make `model` current; returns the previous one."""
+        old, self.current = self.current, model
+        return old
 
 
 def prepare_model(cfg: PipelineConfig, state_dir: Path) -> Model:
@@ -83,6 +110,14 @@ class Turnstile:
                 self._turn.notify_all()
 
 
+def describe_model(stats: PipelineStats, model: Model) -> None:
+    """Show the model (name, sha256, provider) in the pipeline's status."""
+    with stats.lock:
+        stats.provider = model.loaded.provider
+        stats.model_name = model.loaded.name
+        stats.model_sha256 = model.loaded.sha256
+
+
 class InferenceWorker(threading.Thread):
     """Takes the latest frame, runs the model, builds the message, appends it to the spool.
 
@@ -93,7 +128,7 @@ class InferenceWorker(threading.Thread):
     def __init__(
         self,
         cfg: PipelineConfig,
-        model: Model,
+        ref: ModelRef,
         *,
         turnstile: Turnstile,
         spool: Spool,
@@ -106,18 +141,14 @@ class InferenceWorker(threading.Thread):
         suffix = f"-{index}" if index else ""
         super().__init__(name=f"edged-infer-{cfg.name}{suffix}", daemon=True)
         self.cfg = cfg
-        self.model = model
+        self.ref = ref
         self.turnstile = turnstile
         self.spool = spool
         self.stats = stats
         self.device_id = device_id
         self.topic = topic
         self.on_result = on_result
-        self._model_info = {"name": model.loaded.name, "sha256": model.loaded.sha256}
-        with stats.lock:
-            stats.provider = model.loaded.provider
-            stats.model_name = model.loaded.name
-            stats.model_sha256 = model.loaded.sha256
+        describe_model(stats, ref.current)
 
     def run(self) -> None:
         """Until the source closes its slot: the frame in flight is always finished and stored."""
@@ -139,20 +170,23 @@ class InferenceWorker(threading.Thread):
             with self.turnstile.turn(ticket):
                 self._store(frame, *outcome)
 
-    def _infer(self, frame: Frame) -> tuple[dict[str, Any], float, float, float]:
+    def _infer(self, frame: Frame) -> tuple[Model, dict[str, Any], float, float, float]:
+        model = self.ref.current  # one model for the whole frame, even if a swap happens meanwhile
         tensor, pre_ms = frame.tensor, frame.pre_ms
-        if tensor is None:
+        if tensor is None or (frame.pre_token is not None and frame.pre_token != model.pre.spec):
             t0 = time.perf_counter()
-            tensor = self.model.pre(frame.image)
+            tensor = model.pre(frame.image)
             pre_ms = (time.perf_counter() - t0) * 1e3
         t1 = time.perf_counter()
-        outputs = self.model.loaded.run(tensor)
+        outputs = model.loaded.run(tensor)
         t2 = time.perf_counter()
-        result = self.model.post(outputs)
+        result = model.post(outputs)
         t3 = time.perf_counter()
-        return result, pre_ms, (t2 - t1) * 1e3, (t3 - t2) * 1e3
+        return model, result, pre_ms, (t2 - t1) * 1e3, (t3 - t2) * 1e3
 
-    def _store(self, frame: Frame, result: dict[str, Any], pre_ms: float, infer_ms: float, post_ms: float) -> None:
+    def _store(  # noqa: PLR0917  (the outcome of _infer, spread)
+        self, frame: Frame, model: Model, result: dict[str, Any], pre_ms: float, infer_ms: float, post_ms: float
+    ) -> None:
         seq = self.spool.next_seq(self.cfg.name)
         message = {
             "v": MESSAGE_VERSION,
@@ -161,8 +195,8 @@ class InferenceWorker(threading.Thread):
             "seq": seq,
             "ts": round(frame.ts, 3),
             "frame": frame.index,
-            "model": self._model_info,
-            "provider": self.model.loaded.provider,
+            "model": {"name": model.loaded.name, "sha256": model.loaded.sha256},
+            "provider": model.loaded.provider,
             "latency_ms": {"pre": round(pre_ms, 3), "infer": round(infer_ms, 3), "post": round(post_ms, 3)},
             "result": result,
         }

@@ -38,6 +38,8 @@ class PipelineStats:
     dropped_frames: int = 0
     reconnects: int = 0
     last_result_mono: float | None = None
+    # last sign of life: a result, a state change, a reconnect attempt (a live reconnect loop is progress)
+    progress_mono: float = field(default_factory=time.monotonic)
     _stamps: deque[float] = field(default_factory=lambda: deque(maxlen=64), repr=False)
     _lat: dict[str, deque[float]] = field(
         default_factory=lambda: {k: deque(maxlen=WINDOW) for k in ("pre", "infer", "post", "total")},
@@ -50,8 +52,14 @@ class PipelineStats:
             if self.state == "failed":
                 return
             self.state = state
+            self.progress_mono = time.monotonic()
             if error is not None:
                 self.error = error
+
+    def set_error(self, error: str | None) -> None:
+        """Show (or clear, with None) an error without changing the state."""
+        with self.lock:
+            self.error = error
 
     def count_capture(self, dropped: int) -> None:
         """A frame was captured; `dropped` frames were overwritten unseen before it."""
@@ -63,6 +71,7 @@ class PipelineStats:
         """The source is being reopened."""
         with self.lock:
             self.reconnects += 1
+            self.progress_mono = time.monotonic()
 
     def record_result(self, pre_ms: float, infer_ms: float, post_ms: float) -> None:
         """One frame went through the model."""
@@ -70,10 +79,28 @@ class PipelineStats:
         with self.lock:
             self.frames += 1
             self.last_result_mono = now
+            self.progress_mono = now
             self._stamps.append(now)
             for key, value in (("pre", pre_ms), ("infer", infer_ms), ("post", post_ms)):
                 self._lat[key].append(value)
             self._lat["total"].append(pre_ms + infer_ms + post_ms)
+
+    def touch(self) -> None:
+        """Record progress that is not a result (the model finished loading, a reload)."""
+        with self.lock:
+            self.progress_mono = time.monotonic()
+
+    def stalled(self, stall_s: float) -> bool:
+        """True when nothing happened for `stall_s` although the pipeline should be working.
+
+        An ended or failed pipeline is not stalled (status shows it); a running one that produced no
+        result, or a source that neither delivered nor retried, for `stall_s` is: a hung model run or a
+        wedged thread.
+        """
+        with self.lock:
+            if self.state in ("ended", "failed"):
+                return False
+            return time.monotonic() - self.progress_mono > stall_s
 
     def fps(self) -> float:
         """Results per second over the recent window (0 when idle for > 5 s)."""

@@ -1,4 +1,5 @@
-"""sd_notify: READY/STATUS/STOPPING. Uses systemd-python when installed, else speaks the protocol itself."""
+"""sd_notify (READY, STATUS, STOPPING, RELOADING, WATCHDOG). Uses systemd-python when installed, else speaks
+the protocol itself."""
 
 from __future__ import annotations
 
@@ -31,3 +32,15 @@ def notify(message: str) -> bool:
         log.debug("sd_notify to %s failed: %s", address, exc)
         return False
     return True
+
+
+def watchdog_interval() -> float | None:
+    """How often to send WATCHDOG=1 (half of WatchdogSec=), or None when systemd set no watchdog for us."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    pid = os.environ.get("WATCHDOG_PID")
+    if not usec or (pid and pid != str(os.getpid())):
+        return None
+    try:
+        return max(0.05, int(usec) / 2e6)
+    except ValueError:
+        return None

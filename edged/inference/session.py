@@ -120,6 +120,8 @@ def load_model(cfg: ModelConfig, state_dir: Path) -> LoadedModel:
         sha = file_sha256(path)
     except OSError as exc:
         raise ModelError(f"cannot read model {path}: {exc.strerror}; check model.path and permissions") from exc
+    if cfg.sha256 is not None and sha != cfg.sha256.lower():
+        raise ModelError(f"model {path} has sha256 {sha[:16]}..., but model.sha256 pins {cfg.sha256[:16]}...")
     available = ort.get_available_providers()
     chosen = select_providers(cfg.providers, available)
     missing = [p for p in cfg.providers if p not in available]

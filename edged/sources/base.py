@@ -15,7 +15,9 @@ import numpy.typing as npt
 class Frame:
     """One captured frame. `ts` is the capture time (epoch seconds); `index` the source's frame number.
 
-    `tensor` is the model input when the source thread already preprocessed the frame (`pre_ms` long).
+    `tensor` is the model input when the source thread already preprocessed the frame (`pre_ms` long);
+    `pre_token` identifies the preprocessing used (after a model swap a frame prepared for the old model
+    is prepared again), None when the source made the tensor itself.
     """
 
     image: npt.NDArray[np.uint8]
@@ -23,6 +25,7 @@ class Frame:
     index: int
     tensor: npt.NDArray[Any] | None = None
     pre_ms: float = 0.0
+    pre_token: object = None
 
 
 Transform = Callable[[npt.NDArray[np.uint8]], npt.NDArray[Any]]
@@ -85,8 +88,9 @@ class FrameSlot:
 class Source(threading.Thread):
     """A thread that fills a FrameSlot until stopped. Subclasses implement `run`."""
 
-    def stop(self) -> None:
-        """Ask the source to finish; it closes its slot on the way out."""
+    def stop(self, *, close_slot: bool = True) -> None:
+        """Ask the source to finish; it closes its slot on the way out unless `close_slot` is False
+        (a source being replaced by another feeding the same slot)."""
         raise NotImplementedError
 
 

@@ -93,11 +93,13 @@ class CameraSource(Source):
         self.kind = source_kind(cfg.uri)
         self._open = capture_factory
         self._transform = transform
+        self._close_slot = True
         self._halt = threading.Event()
         self._counter = 0
 
-    def stop(self) -> None:
+    def stop(self, *, close_slot: bool = True) -> None:
         """Ask the thread to finish; safe to call more than once."""
+        self._close_slot = close_slot
         self._halt.set()
 
     def run(self) -> None:
@@ -130,7 +132,8 @@ class CameraSource(Source):
                 failures_logged = self._note_failure(f"{why} after {frames} frames", failures_logged)
                 self._halt.wait(backoff.next_delay())
         finally:
-            self.slot.close()
+            if self._close_slot:
+                self.slot.close()
 
     def _note_failure(self, why: str, logged: int) -> int:
         self.stats.count_reconnect()
@@ -166,7 +169,8 @@ class CameraSource(Source):
         # preprocessing here overlaps it with the model run of the previous frame (a pipeline stage)
         t0 = time.perf_counter()
         tensor = self._transform(image)
-        return Frame(image, ts, index, tensor, (time.perf_counter() - t0) * 1e3)
+        token = getattr(self._transform, "last_token", None)  # set by the call just made (this thread only)
+        return Frame(image, ts, index, tensor, (time.perf_counter() - t0) * 1e3, token)
 
     def _read_loop(self, cap: Any) -> tuple[ReadOutcome, int]:
         interval = 1.0 / self.cfg.fps if self.cfg.fps > 0 else 0.0
