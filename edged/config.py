@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from edged.errors import ConfigError
+from edged.sources.sensor import SensorSourceConfig
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.yaml")
 DEFAULT_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -158,16 +159,27 @@ class RawConfig(Strict):
 
 
 PostprocessConfig = Annotated[ClassifyConfig | RawConfig, Field(discriminator="type")]
+# each source type's config model lives with its source (the camera's stays here); `type` picks it
+SourceConfig = Annotated[CameraSourceConfig | SensorSourceConfig, Field(discriminator="type")]
 
 
 class PipelineConfig(Strict):
     """One source -> one model -> results on one topic."""
 
     name: str = Field(pattern=NAME_PATTERN, description="Pipeline name; part of the topic and `seq` key.")
-    source: CameraSourceConfig
+    source: SourceConfig
     model: ModelConfig
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
     postprocess: PostprocessConfig = Field(default_factory=lambda: ClassifyConfig(type="classify"))
+
+    @model_validator(mode="after")
+    def _preprocess_is_for_images(self) -> PipelineConfig:
+        if isinstance(self.source, SensorSourceConfig) and self.preprocess.model_fields_set:
+            raise ValueError(
+                "preprocess applies to images; a sensor source shapes its windows with source.window, hop, "
+                "channels, layout, normalize, mean and std"
+            )
+        return self
 
 
 class MqttConfig(Strict):

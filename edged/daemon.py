@@ -193,7 +193,7 @@ class Daemon:
         if self.state != "running":
             return self.state
         for rt in self.pipelines:
-            if rt.stats.state in ("reconnecting", "failed"):
+            if rt.stats.state in ("reconnecting", "failed", "waiting"):  # waiting: a sensor sends no data
                 return "degraded"
         if self.config.mqtt.enabled and not self.mqtt_stats.connected:
             return "degraded"

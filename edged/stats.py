@@ -28,7 +28,7 @@ class PipelineStats:
     name: str
     source_uri: str
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    state: str = "starting"  # starting | running | reconnecting | ended | failed
+    state: str = "starting"  # starting | running | waiting (no data) | reconnecting | ended | failed
     error: str | None = None
     provider: str | None = None
     model_name: str | None = None
@@ -37,6 +37,7 @@ class PipelineStats:
     frames: int = 0  # frames that produced a result
     dropped_frames: int = 0
     reconnects: int = 0
+    malformed: int = 0  # input lines/records a sensor source could not read and skipped
     last_result_mono: float | None = None
     _stamps: deque[float] = field(default_factory=lambda: deque(maxlen=64), repr=False)
     _lat: dict[str, deque[float]] = field(
@@ -45,13 +46,13 @@ class PipelineStats:
     )
 
     def set_state(self, state: str, error: str | None = None) -> None:
-        """Record the source/pipeline state (and the last error, if any). "failed" is final."""
+        """Record the source/pipeline state (and the last error, if any; "" clears it). "failed" is final."""
         with self.lock:
             if self.state == "failed":
                 return
             self.state = state
             if error is not None:
-                self.error = error
+                self.error = error or None
 
     def count_capture(self, dropped: int) -> None:
         """A frame was captured; `dropped` frames were overwritten unseen before it."""
@@ -63,6 +64,11 @@ class PipelineStats:
         """The source is being reopened."""
         with self.lock:
             self.reconnects += 1
+
+    def count_malformed(self, count: int) -> None:
+        """`count` malformed input lines/records were skipped."""
+        with self.lock:
+            self.malformed += count
 
     def record_result(self, pre_ms: float, infer_ms: float, post_ms: float) -> None:
         """One frame went through the model."""
@@ -99,6 +105,7 @@ class PipelineStats:
                 "frames_captured": self.frames_captured,
                 "dropped_frames": self.dropped_frames,
                 "reconnects": self.reconnects,
+                "malformed": self.malformed,
                 "provider": self.provider,
                 "model": {"name": self.model_name, "sha256": self.model_sha256},
                 "latency_ms": {**total, "stages": lat},

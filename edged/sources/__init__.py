@@ -1,6 +1,8 @@
-"""Frame sources, one module per type, registered by their config `type` key."""
+"""Frame sources, one module per type, registered by their config `type` key.
 
-from edged.sources import camera as camera
+The source modules (camera.py, sensor.py) are imported by `make_source` when a pipeline needs them.
+"""
+
 from edged.sources.base import SOURCES, Frame, FrameSlot, Source, make_source
 
 __all__ = ["SOURCES", "Frame", "FrameSlot", "Source", "make_source"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,9 +17,10 @@ class Frame:
     """One captured frame. `ts` is the capture time (epoch seconds); `index` the source's frame number.
 
     `tensor` is the model input when the source thread already preprocessed the frame (`pre_ms` long).
+    `image` is a BGR uint8 picture for a camera, a (window, channels) float array for a sensor.
     """
 
-    image: npt.NDArray[np.uint8]
+    image: npt.NDArray[Any]
     ts: float
     index: int
     tensor: npt.NDArray[Any] | None = None
@@ -92,6 +94,9 @@ class Source(threading.Thread):
 
 SourceFactory = Callable[..., Source]
 SOURCES: dict[str, SourceFactory] = {}
+# modules of the built-in source types, imported when first needed (edged.config imports the sensor
+# config model from its module, so this package must not import the source modules eagerly)
+BUILTIN_SOURCES = {"camera": "edged.sources.camera", "sensor": "edged.sources.sensor"}
 
 
 def register(type_key: str) -> Callable[[SourceFactory], SourceFactory]:
@@ -106,6 +111,8 @@ def register(type_key: str) -> Callable[[SourceFactory], SourceFactory]:
 
 def make_source(cfg: Any, **kwargs: Any) -> Source:
     """Build the source for a pipeline's `source` config (tests may swap entries in SOURCES)."""
+    if cfg.type not in SOURCES and cfg.type in BUILTIN_SOURCES:
+        importlib.import_module(BUILTIN_SOURCES[cfg.type])  # registers itself
     try:
         factory = SOURCES[cfg.type]
     except KeyError:
