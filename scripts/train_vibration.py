@@ -11,7 +11,7 @@ calibration on generated windows), and both models get the metadata the daemon r
 - `edged.window` (JSON): `channels`, `window`, `hop`, `layout`, `normalize`, `mean`, `std`,
   `sample_rate_hz` -- how a sensor source must cut and scale its samples (see edged/inference/window.py).
 
-    python scripts/train_vibration.py     # writes edged/assets/vibration.{fp32,int8}.onnx (~1 min, 2 cores)
+    python scripts/train_vibration.py     # writes edged/assets/vibration.{fp32,int8}.onnx (~15 s on 2 cores)
 
 The models are copied out only when every target holds (fp32 accuracy, int8 agreement, export error);
 the script exits non-zero otherwise. Needs the `train` extra (torch, onnx).

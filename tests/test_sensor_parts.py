@@ -16,6 +16,8 @@ from edged.errors import ConfigError, ModelError
 from edged.inference.window import WindowSpec, WindowTransform
 from edged.sources.sensor import MalformedLog
 from edged.sources.sensor_parse import MAX_LINE, BinaryParser, CsvParser, JsonParser, SampleClock, Windower
+from edged.stats import PipelineStats
+from edged.status import render
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -180,6 +182,16 @@ def test_sample_clock_epoch_device_and_arrival() -> None:
     assert dev.stamps(np.array([10.0, 11.0]), 1000.0, 2).tolist() == [999.0, 1000.0]  # last sample = arrival
     assert dev.stamps(np.array([12.0]), 5000.0, 1).tolist() == [1001.0]  # the device clock, not arrival
     assert dev.stamps(np.array([1.0]), 2000.0, 1).tolist() == [2000.0]  # clock went back: device restarted
+
+
+def test_status_table_shows_malformed_input(capsys: pytest.CaptureFixture[str]) -> None:
+    stats = PipelineStats("vib0", "fifo:/run/x")
+    stats.count_malformed(3)
+    stats.set_state("waiting", "waiting for data")
+    render({"state": "degraded", "pipelines": [stats.snapshot()], "mqtt": {"enabled": False}}, color=False)
+    out = capsys.readouterr().out
+    assert "malformed 3" in out
+    assert "waiting for data" in out
 
 
 def test_malformed_log_is_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
