@@ -16,7 +16,7 @@ from edged.config import Config, PipelineConfig
 from edged.errors import EdgedError
 from edged.mqtt import Publisher, topic_for
 from edged.pipeline import InferenceWorker, ResultHook, Turnstile, prepare_model
-from edged.sources import FrameSlot, Source, make_source
+from edged.sources import FrameSlot, Source, make_source, source_factory
 from edged.spool import Spool
 from edged.stats import MqttStats, PipelineStats
 from edged.status import StatusServer
@@ -66,6 +66,8 @@ class Daemon:
         self.pipelines = [
             PipelineRuntime(p, PipelineStats(p.name, str(p.source.uri)), FrameSlot()) for p in config.pipelines
         ]
+        for p in config.pipelines:
+            source_factory(p.source.type)  # import the source modules (OpenCV...) now, not halfway through start()
         self.spool: Spool | None = None
         self.left_in_spool = 0  # results still waiting for the broker when stop() finished
         self.publisher: Publisher | None = None

@@ -111,10 +111,14 @@ def register(type_key: str) -> Callable[[SourceFactory], SourceFactory]:
 
 def make_source(cfg: Any, **kwargs: Any) -> Source:
     """Build the source for a pipeline's `source` config (tests may swap entries in SOURCES)."""
-    if cfg.type not in SOURCES and cfg.type in BUILTIN_SOURCES:
-        importlib.import_module(BUILTIN_SOURCES[cfg.type])  # registers itself
+    return source_factory(cfg.type)(cfg, **kwargs)
+
+
+def source_factory(type_key: str) -> SourceFactory:
+    """The factory registered for a source type; a built-in type's module is imported on first use."""
+    if type_key not in SOURCES and type_key in BUILTIN_SOURCES:
+        importlib.import_module(BUILTIN_SOURCES[type_key])  # registers itself
     try:
-        factory = SOURCES[cfg.type]
+        return SOURCES[type_key]
     except KeyError:
-        raise KeyError(f"no source registered for type {cfg.type!r}") from None
-    return factory(cfg, **kwargs)
+        raise KeyError(f"no source registered for type {type_key!r}") from None
