@@ -163,21 +163,27 @@ class RssSampler(threading.Thread):
         super().__init__(daemon=True)
         self.pid = pid
         self.samples: list[float] = []
+        self.at_max: dict[str, float] = {}  # RssAnon / RssFile / RssShmem (MiB) at the highest sample
         self._halt = threading.Event()
+
+    def _sample(self) -> None:
+        value = rss_mb(self.pid)
+        if value is None:
+            return
+        if not self.samples or value > max(self.samples):
+            keys = ("RssAnon", "RssFile", "RssShmem")
+            self.at_max = {k: (proc_field(self.pid, "status", k) or 0) / 1024.0 for k in keys}
+        self.samples.append(value)
 
     def run(self) -> None:
         """Poll until `finish`."""
         while not self._halt.is_set():
-            value = rss_mb(self.pid)
-            if value is not None:
-                self.samples.append(value)
+            self._sample()
             self._halt.wait(RSS_POLL_S)
 
     def finish(self) -> None:
         """Stop sampling (one last sample first)."""
-        value = rss_mb(self.pid)
-        if value is not None:
-            self.samples.append(value)
+        self._sample()
         self._halt.set()
         self.join()
 
@@ -326,6 +332,7 @@ def run_drain_child(role: str, db: Path, port: int, inflight: int) -> dict[str, 
         stop(proc)
     s = sampler.samples or [0.0]
     result |= {"msgs_s": result["n"] / result["seconds"], "rss_start": s[0], "rss_max": max(s), "rss_end": s[-1]}
+    result["rss_at_max"] = sampler.at_max
     return result
 
 
@@ -461,7 +468,8 @@ def daemon(out: Path, name: str, assets: tuple[Path, Path], port: int | None, sy
     path = out / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
     with (out / f"{name}.log").open("wb") as log:
-        proc = spawn([sys.executable, "-m", "edged", "run", "--config", str(path)], stdout=log, stderr=log)
+        # cwd: `-m` puts the cwd first on sys.path; outside the repo, `--edged-src` (PYTHONPATH) wins
+        proc = spawn([sys.executable, "-m", "edged", "run", "--config", str(path)], stdout=log, stderr=log, cwd=out)
         try:
             yield DaemonRun(proc, state, log)
         finally:
@@ -581,6 +589,10 @@ def table(drain: DrainReport | None, steady: dict[str, Any] | None, io: list[dic
         lines.append(f"   edged/bare = {s['ratio']:.2f} (target >= 0.8; per round: {per_round})")
         grow = s["edged"]["rss_max"] - s["edged"]["rss_start"]
         lines.append(f"   edged RSS growth during the drain: {grow:+.1f} MiB (target: flat)")
+        parts = [x["rss_at_max"] for x in drain.rounds if x["role"] == "edged" and x.get("rss_at_max")]
+        if parts:
+            split = ", ".join(f"{k} {v:.1f}" for k, v in parts[-1].items())
+            lines.append(f"   edged RSS at its max, last round: {split} MiB")
     if steady is not None:
         lines.append("2. Steady state (daemon, tiny model, looping video, MQTT on)")
         for p in steady["points"]:

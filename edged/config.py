@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from edged.errors import ConfigError
+from edged.sources.sensor import SensorSourceConfig
 from edged.units import parse_duration, parse_size
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.yaml")
@@ -163,16 +164,27 @@ class RawConfig(Strict):
 
 
 PostprocessConfig = Annotated[ClassifyConfig | RawConfig, Field(discriminator="type")]
+# each source type's config model lives with its source (the camera's stays here); `type` picks it
+SourceConfig = Annotated[CameraSourceConfig | SensorSourceConfig, Field(discriminator="type")]
 
 
 class PipelineConfig(Strict):
     """One source -> one model -> results on one topic."""
 
     name: str = Field(pattern=NAME_PATTERN, description="Pipeline name; part of the topic and `seq` key.")
-    source: CameraSourceConfig
+    source: SourceConfig
     model: ModelConfig
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
     postprocess: PostprocessConfig = Field(default_factory=lambda: ClassifyConfig(type="classify"))
+
+    @model_validator(mode="after")
+    def _preprocess_is_for_images(self) -> PipelineConfig:
+        if isinstance(self.source, SensorSourceConfig) and self.preprocess.model_fields_set:
+            raise ValueError(
+                "preprocess applies to images; a sensor source shapes its windows with source.window, hop, "
+                "channels, layout, normalize, mean and std"
+            )
+        return self
 
 
 Size = Annotated[int, BeforeValidator(parse_size), Field(ge=0)]

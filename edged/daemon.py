@@ -18,7 +18,7 @@ from edged.errors import EdgedError
 from edged.mqtt import Publisher, topic_for
 from edged.pipeline import InferenceWorker, ModelRef, ResultHook, Turnstile, prepare_model
 from edged.reload import Reloader, model_file_stat
-from edged.sources import FrameSlot, Source, make_source
+from edged.sources import FrameSlot, Source, make_source, source_factory
 from edged.spool import Spool, SpoolLimits
 from edged.stats import MqttStats, PipelineStats
 from edged.status import StatusServer
@@ -74,6 +74,8 @@ class Daemon:
         self.pipelines = [
             PipelineRuntime(p, PipelineStats(p.name, str(p.source.uri)), FrameSlot()) for p in config.pipelines
         ]
+        for p in config.pipelines:
+            source_factory(p.source.type)  # import the source modules (OpenCV...) now, not halfway through start()
         self.spool: Spool | None = None
         self.left_in_spool = 0  # results still waiting for the broker when stop() finished
         self.publisher: Publisher | None = None
@@ -147,15 +149,20 @@ class Daemon:
         )
 
     def make_source(self, rt: PipelineRuntime) -> Source:
-        """The source of a pipeline, preprocessing with its current model."""
+        """The source of a pipeline, preprocessing with its current model.
+
+        A camera preprocesses through the ModelRef (a swapped model's preprocessing applies from the next
+        frame); a sensor source cuts its windows with the model's window transform itself.
+        """
         if rt.ref is None:
             raise RuntimeError(f"pipeline {rt.cfg.name} has no model yet")
+        transform: Any = rt.ref.current.pre if rt.cfg.source.type == "sensor" else rt.ref
         return make_source(
             rt.cfg.source,
             slot=rt.slot,
             stats=rt.stats,
             name=f"edged-source-{rt.cfg.name}",
-            transform=rt.ref,
+            transform=transform,
             **self.source_kwargs,
         )
 
@@ -246,7 +253,7 @@ class Daemon:
         if self.state != "running":
             return self.state
         for rt in self.pipelines:
-            if rt.stats.state in ("reconnecting", "failed"):
+            if rt.stats.state in ("reconnecting", "failed", "waiting"):  # waiting: a sensor sends no data
                 return "degraded"
         if self.config.mqtt.enabled and not self.mqtt_stats.connected:
             return "degraded"

@@ -20,6 +20,7 @@ from edged.config import PipelineConfig
 from edged.inference.postprocess import Postprocessor, make_postprocessor
 from edged.inference.preprocess import Preprocessor, PreprocessSpec
 from edged.inference.session import LoadedModel, load_model, warm_up
+from edged.inference.window import WindowSpec, WindowTransform
 from edged.sources.base import Frame, FrameSlot
 from edged.spool import Spool
 from edged.stats import PipelineStats
@@ -34,7 +35,7 @@ class Model:
     """A loaded, checked, warmed-up model with the pre/postprocessing that fits it."""
 
     loaded: LoadedModel
-    pre: Preprocessor
+    pre: Preprocessor | WindowTransform  # image preprocessing, or a sensor source's window -> tensor
     post: Postprocessor
 
 
@@ -63,13 +64,25 @@ class ModelRef:
 
 
 def prepare_model(cfg: PipelineConfig, state_dir: Path) -> Model:
-    """Load the session, resolve preprocessing (config over metadata), check shapes, warm up."""
+    """Load the session, resolve pre/postprocessing (config over metadata), check shapes, warm up.
+
+    A sensor pipeline gets a WindowTransform (edged/inference/window.py) instead of image preprocessing:
+    its window (channels x samples) is checked against the model input the same way.
+    """
     loaded = load_model(cfg.model, state_dir)
-    spec = PreprocessSpec.resolve(cfg.preprocess, loaded.metadata, loaded.input_shape, loaded.input_type)
+    pre: Preprocessor | WindowTransform
+    if cfg.source.type == "sensor":
+        window = WindowSpec.resolve(
+            cfg.source.window_settings(), loaded.metadata, loaded.input_shape, loaded.input_type
+        )
+        pre, tensor_shape = WindowTransform(window), window.tensor_shape
+    else:
+        spec = PreprocessSpec.resolve(cfg.preprocess, loaded.metadata, loaded.input_shape, loaded.input_type)
+        pre, tensor_shape = Preprocessor(spec), spec.tensor_shape
     shapes = [list(o.shape) for o in loaded.session.get_outputs()]
     post = make_postprocessor(cfg.postprocess, loaded.output_names, shapes, loaded.metadata)
-    warm_up(loaded, spec.tensor_shape, cfg.model.warmup_runs)
-    return Model(loaded, Preprocessor(spec), post)
+    warm_up(loaded, tensor_shape, cfg.model.warmup_runs)
+    return Model(loaded, pre, post)
 
 
 class Turnstile:

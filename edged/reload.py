@@ -171,6 +171,11 @@ class Reloader(threading.Thread):
             rt.stats.set_error(f"model swap failed, still running {rt.stats.model_name}: {exc}")
             log.error("pipeline %s: new model not used, the old one keeps running: %s", p.name, exc)  # noqa: TRY400
             return False
+        if p.source.type == "sensor" and model.pre.spec != rt.ref.current.pre.spec:
+            rt.model_stat = stat
+            rt.stats.set_error("model swap refused: the new model needs another sensor window; restart edged")
+            log.error("pipeline %s: the new model needs another sensor window; restart edged to use it", p.name)
+            return False
         old = rt.ref.swap(model)
         rt.model_stat = stat
         describe_model(rt.stats, model)

@@ -28,7 +28,7 @@ class PipelineStats:
     name: str
     source_uri: str
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    state: str = "starting"  # starting | running | reconnecting | ended | failed
+    state: str = "starting"  # starting | running | waiting (no data) | reconnecting | ended | failed
     error: str | None = None
     provider: str | None = None
     model_name: str | None = None
@@ -37,6 +37,7 @@ class PipelineStats:
     frames: int = 0  # frames that produced a result
     dropped_frames: int = 0
     reconnects: int = 0
+    malformed: int = 0  # input lines/records a sensor source could not read and skipped
     last_result_mono: float | None = None
     # last sign of life: a result, a state change, a reconnect attempt (a live reconnect loop is progress)
     progress_mono: float = field(default_factory=time.monotonic)
@@ -47,14 +48,14 @@ class PipelineStats:
     )
 
     def set_state(self, state: str, error: str | None = None) -> None:
-        """Record the source/pipeline state (and the last error, if any). "failed" is final."""
+        """Record the source/pipeline state (and the last error, if any; "" clears it). "failed" is final."""
         with self.lock:
             if self.state == "failed":
                 return
             self.state = state
             self.progress_mono = time.monotonic()
             if error is not None:
-                self.error = error
+                self.error = error or None
 
     def set_error(self, error: str | None) -> None:
         """Show (or clear, with None) an error without changing the state."""
@@ -72,6 +73,11 @@ class PipelineStats:
         with self.lock:
             self.reconnects += 1
             self.progress_mono = time.monotonic()
+
+    def count_malformed(self, count: int) -> None:
+        """`count` malformed input lines/records were skipped."""
+        with self.lock:
+            self.malformed += count
 
     def record_result(self, pre_ms: float, infer_ms: float, post_ms: float) -> None:
         """One frame went through the model."""
@@ -126,6 +132,7 @@ class PipelineStats:
                 "frames_captured": self.frames_captured,
                 "dropped_frames": self.dropped_frames,
                 "reconnects": self.reconnects,
+                "malformed": self.malformed,
                 "provider": self.provider,
                 "model": {"name": self.model_name, "sha256": self.model_sha256},
                 "latency_ms": {**total, "stages": lat},

@@ -1,6 +1,8 @@
-"""Frame sources, one module per type, registered by their config `type` key."""
+"""Frame sources, one module per type, registered by their config `type` key.
 
-from edged.sources import camera as camera
-from edged.sources.base import SOURCES, Frame, FrameSlot, Source, make_source
+The source modules (camera.py, sensor.py) are imported by `make_source` when a pipeline needs them.
+"""
 
-__all__ = ["SOURCES", "Frame", "FrameSlot", "Source", "make_source"]
+from edged.sources.base import SOURCES, Frame, FrameSlot, Source, make_source, source_factory
+
+__all__ = ["SOURCES", "Frame", "FrameSlot", "Source", "make_source", "source_factory"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,9 +19,10 @@ class Frame:
     `tensor` is the model input when the source thread already preprocessed the frame (`pre_ms` long);
     `pre_token` identifies the preprocessing used (after a model swap a frame prepared for the old model
     is prepared again), None when the source made the tensor itself.
+    `image` is a BGR uint8 picture for a camera, a (window, channels) float array for a sensor.
     """
 
-    image: npt.NDArray[np.uint8]
+    image: npt.NDArray[Any]
     ts: float
     index: int
     tensor: npt.NDArray[Any] | None = None
@@ -96,6 +98,9 @@ class Source(threading.Thread):
 
 SourceFactory = Callable[..., Source]
 SOURCES: dict[str, SourceFactory] = {}
+# modules of the built-in source types, imported when first needed (edged.config imports the sensor
+# config model from its module, so this package must not import the source modules eagerly)
+BUILTIN_SOURCES = {"camera": "edged.sources.camera", "sensor": "edged.sources.sensor"}
 
 
 def register(type_key: str) -> Callable[[SourceFactory], SourceFactory]:
@@ -110,8 +115,14 @@ def register(type_key: str) -> Callable[[SourceFactory], SourceFactory]:
 
 def make_source(cfg: Any, **kwargs: Any) -> Source:
     """Build the source for a pipeline's `source` config (tests may swap entries in SOURCES)."""
+    return source_factory(cfg.type)(cfg, **kwargs)
+
+
+def source_factory(type_key: str) -> SourceFactory:
+    """The factory registered for a source type; a built-in type's module is imported on first use."""
+    if type_key not in SOURCES and type_key in BUILTIN_SOURCES:
+        importlib.import_module(BUILTIN_SOURCES[type_key])  # registers itself
     try:
-        factory = SOURCES[cfg.type]
+        return SOURCES[type_key]
     except KeyError:
-        raise KeyError(f"no source registered for type {cfg.type!r}") from None
-    return factory(cfg, **kwargs)
+        raise KeyError(f"no source registered for type {type_key!r}") from None
