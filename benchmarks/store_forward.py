@@ -58,6 +58,7 @@ MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 LABELS = ["person", "bicycle", "car", "motorcycle", "bus", "truck", "traffic light", "stop sign", "dog", "cat"]
 
 _CHILDREN: list[subprocess.Popen[Any]] = []  # everything we started, stopped in `stop_children`
+_LAST_PAYLOAD = [0.0]  # mean payload of the last bytes-written run that had rows to measure
 
 
 # -- helpers -------------------------------------------------------------------------------------------------
@@ -164,6 +165,7 @@ class RssSampler(threading.Thread):
         self.pid = pid
         self.samples: list[float] = []
         self.at_max: dict[str, float] = {}  # RssAnon / RssFile / RssShmem (MiB) at the highest sample
+        self.at_start: dict[str, float] = {}  # the same at the first sample
         self._halt = threading.Event()
 
     def _sample(self) -> None:
@@ -173,6 +175,8 @@ class RssSampler(threading.Thread):
         if not self.samples or value > max(self.samples):
             keys = ("RssAnon", "RssFile", "RssShmem")
             self.at_max = {k: (proc_field(self.pid, "status", k) or 0) / 1024.0 for k in keys}
+            if not self.samples:
+                self.at_start = dict(self.at_max)
         self.samples.append(value)
 
     def run(self) -> None:
@@ -333,6 +337,7 @@ def run_drain_child(role: str, db: Path, port: int, inflight: int) -> dict[str, 
     s = sampler.samples or [0.0]
     result |= {"msgs_s": result["n"] / result["seconds"], "rss_start": s[0], "rss_max": max(s), "rss_end": s[-1]}
     result["rss_at_max"] = sampler.at_max
+    result["rss_at_start"] = sampler.at_start
     return result
 
 
@@ -445,7 +450,15 @@ class DaemonRun:
 
 
 @contextlib.contextmanager
-def daemon(out: Path, name: str, assets: tuple[Path, Path], port: int | None, sync: str) -> Iterator[DaemonRun]:
+def daemon(
+    out: Path,
+    name: str,
+    assets: tuple[Path, Path],
+    port: int | None,
+    spool: dict[str, Any],
+    *,
+    fps: float = 0.0,
+) -> Iterator[DaemonRun]:
     """Run the daemon with a fresh state dir under `out`; stopped (SIGTERM) on exit."""
     import yaml
 
@@ -456,11 +469,11 @@ def daemon(out: Path, name: str, assets: tuple[Path, Path], port: int | None, sy
         "device_id": f"bench-{name}",
         "state_dir": str(state),
         "mqtt": {"enabled": port is not None, "host": "127.0.0.1", "port": port or 1883},
-        "spool": {"sync": sync},
+        "spool": spool,
         "pipelines": [
             {
                 "name": "cam0",
-                "source": {"type": "camera", "uri": str(video), "fps": 0, "loop": True},
+                "source": {"type": "camera", "uri": str(video), "fps": fps, "loop": True},
                 "model": {"path": str(model), "providers": ["CPUExecutionProvider"]},
             }
         ],
@@ -480,7 +493,7 @@ def part_steady(out: Path, assets: tuple[Path, Path], total: int, timeout: float
     """RSS at total/10 and at total results (MQTT on); as far as it gets within `timeout`."""
     marks = [max(1, total // 10), total]
     report: dict[str, Any] = {"marks": marks, "points": [], "complete": True}
-    with mosquitto(out) as port, daemon(out, "steady", assets, port, "normal") as d:
+    with mosquitto(out) as port, daemon(out, "steady", assets, port, {}) as d:
         sampler = RssSampler(d.proc.pid)
         sampler.start()
         t0 = time.monotonic()
@@ -504,23 +517,44 @@ def part_steady(out: Path, assets: tuple[Path, Path], total: int, timeout: float
     return report
 
 
-def part_io(out: Path, assets: tuple[Path, Path], results: int, timeout: float) -> list[dict[str, Any]]:
-    """write_bytes per result for sync normal/full with MQTT on/off, after a warm-up of 1,000 results."""
+def part_io(out: Path, assets: tuple[Path, Path], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """write_bytes per result for sync normal/full with MQTT on/off, after a warm-up (see measure_io).
+
+    With `--io-whatif batch_max=256,batch_ms=1000` (any `spool:` keys), two more runs (sync normal, MQTT
+    on and off) with those settings show what larger commits would save; the table marks them.
+    """
+    runs: list[tuple[dict[str, Any], bool]] = [
+        ({"sync": sync}, mqtt_on) for sync in ("normal", "full") for mqtt_on in (True, False)
+    ]
+    if args.io_whatif:
+        extra = {k.strip(): yaml_value(v) for k, _, v in (kv.partition("=") for kv in args.io_whatif.split(","))}
+        runs += [({"sync": "normal", **extra}, m) for m in (True, False)]
     rows = []
-    for sync in ("normal", "full"):
-        for mqtt_on in (True, False):
-            name = f"io-{sync}-{'mqtt' if mqtt_on else 'nomqtt'}"
-            with contextlib.ExitStack() as stack:
-                port = stack.enter_context(mosquitto(out)) if mqtt_on else None
-                d = stack.enter_context(daemon(out, name, assets, port, sync))
-                rows.append(measure_io(d, name, sync=sync, mqtt_on=mqtt_on, results=results, timeout=timeout))
+    for n, (spool, mqtt_on) in enumerate(runs):
+        name = f"io-{n}-{spool['sync']}-{'mqtt' if mqtt_on else 'nomqtt'}"
+        with contextlib.ExitStack() as stack:
+            port = stack.enter_context(mosquitto(out)) if mqtt_on else None
+            d = stack.enter_context(daemon(out, name, assets, port, spool, fps=args.io_fps))
+            row = measure_io(d, name, mqtt_on=mqtt_on, results=args.io_results, timeout=args.io_timeout)
+            settings = ",".join(f"{k}={v}" for k, v in spool.items() if k != "sync") or "default"
+            rows.append(row | {"sync": spool["sync"], "settings": settings, "fps": args.io_fps})
     return rows
 
 
-def measure_io(d: DaemonRun, name: str, *, sync: str, mqtt_on: bool, results: int, timeout: float) -> dict[str, Any]:
-    """Sample /proc/<pid>/io between two status readings `results` apart."""
+def yaml_value(text: str) -> Any:
+    """A config value given on the command line, read as YAML (numbers stay numbers)."""
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def measure_io(d: DaemonRun, name: str, *, mqtt_on: bool, results: int, timeout: float) -> dict[str, Any]:
+    """Sample /proc/<pid>/io between two status readings `results` apart, after a warm-up.
+
+    The warm-up (min(1000, results / 10) results) keeps the spool's creation and its ballast file out.
+    """
     deadline = time.monotonic() + timeout
-    warm = 1000
+    warm = max(10, min(1000, results // 10))
     f0 = d.wait_frames(warm, deadline) or 0
     t0 = time.monotonic()
     w0, c0 = proc_field(d.proc.pid, "io", "write_bytes") or 0, proc_field(d.proc.pid, "io", "wchar") or 0
@@ -528,10 +562,10 @@ def measure_io(d: DaemonRun, name: str, *, sync: str, mqtt_on: bool, results: in
     t1 = time.monotonic()
     w1, c1 = proc_field(d.proc.pid, "io", "write_bytes") or 0, proc_field(d.proc.pid, "io", "wchar") or 0
     n = max(1, f1 - f0)
-    payload = mean_payload(d.state / "spool.db")
+    payload = mean_payload(d.state / "spool.db") or _LAST_PAYLOAD[0]  # MQTT on: the spool may be empty
+    _LAST_PAYLOAD[0] = payload
     row = {
         "name": name,
-        "sync": sync,
         "mqtt": mqtt_on,
         "results": f1 - f0,
         "complete": f1 - f0 >= results,
@@ -589,10 +623,11 @@ def table(drain: DrainReport | None, steady: dict[str, Any] | None, io: list[dic
         lines.append(f"   edged/bare = {s['ratio']:.2f} (target >= 0.8; per round: {per_round})")
         grow = s["edged"]["rss_max"] - s["edged"]["rss_start"]
         lines.append(f"   edged RSS growth during the drain: {grow:+.1f} MiB (target: flat)")
-        parts = [x["rss_at_max"] for x in drain.rounds if x["role"] == "edged" and x.get("rss_at_max")]
-        if parts:
-            split = ", ".join(f"{k} {v:.1f}" for k, v in parts[-1].items())
-            lines.append(f"   edged RSS at its max, last round: {split} MiB")
+        last = [x for x in drain.rounds if x["role"] == "edged" and x.get("rss_at_max")]
+        if last:
+            a, b = last[-1]["rss_at_start"], last[-1]["rss_at_max"]
+            split = ", ".join(f"{k} {a.get(k, 0):.1f} -> {v:.1f}" for k, v in b.items())
+            lines.append(f"   edged RSS start -> max, last round: {split} MiB")
     if steady is not None:
         lines.append("2. Steady state (daemon, tiny model, looping video, MQTT on)")
         for p in steady["points"]:
@@ -611,17 +646,18 @@ def table(drain: DrainReport | None, steady: dict[str, Any] | None, io: list[dic
         lines += [
             "3. Bytes written per result (/proc/<pid>/io: write_bytes = pages dirtied for the block layer;"
             " wchar = bytes passed to write(2)/pwrite(2))",
-            f"   {'sync':6} {'mqtt':5} {'results':>8} {'res/s':>7} {'write B/res':>11} {'x payload':>9} "
-            f"{'wchar B/res':>11} {'load':>5}",
+            f"   {'sync':6} {'spool settings':30} {'fps':>4} {'mqtt':5} {'results':>8} {'res/s':>7} "
+            f"{'write B/res':>11} {'x payload':>9} {'wchar B/res':>11} {'load':>5}",
         ]
         for r in io:
             flag = "" if r["complete"] else "  (incomplete)"
             lines.append(
-                f"   {r['sync']:6} {'on' if r['mqtt'] else 'off':5} {r['results']:8} {r['rate']:7.0f} "
+                f"   {r['sync']:6} {r['settings']:30} {r['fps']:4.0f} {'on' if r['mqtt'] else 'off':5} "
+                f"{r['results']:8} {r['rate']:7.0f} "
                 f"{r['write_bytes_per_result']:11.0f} {r['ratio']:9.2f} {r['wchar_per_result']:11.0f} "
                 f"{r['load']:>5}{flag}"
             )
-        lines.append("   target: write_bytes <= 4x payload at default settings (sync normal)")
+        lines.append("   target: write_bytes <= 4x payload at default settings (sync normal); fps 0: flat out")
     return "\n".join(lines)
 
 
@@ -638,6 +674,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steady-timeout", type=float, default=300.0, help="seconds at most for the steady part")
     p.add_argument("--io-results", type=int, default=20_000, help="results per bytes-written run (0 = skip)")
     p.add_argument("--io-timeout", type=float, default=180.0, help="seconds at most per bytes-written run")
+    p.add_argument("--io-fps", type=float, default=0.0, help="source rate for the bytes-written runs (0 = flat out)")
+    p.add_argument("--io-whatif", help="extra runs with these spool settings, e.g. batch_max=256,batch_ms=1000")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT_DIR, help="work dir (on a real disk, not tmpfs)")
     p.add_argument("--keep", action="store_true", help="keep the work dir")
     p.add_argument(
@@ -689,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.steady:
                 steady = guarded(errors, "steady", lambda: part_steady(out, assets, args.steady, args.steady_timeout))
             if args.io_results:
-                io = guarded(errors, "io", lambda: part_io(out, assets, args.io_results, args.io_timeout))
+                io = guarded(errors, "io", lambda: part_io(out, assets, args))
     except KeyboardInterrupt:
         note("interrupted; stopping children")
         return 130

@@ -40,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--config", type=Path, help="find the socket through this config")
     where.add_argument("--socket", type=Path, help="the status socket")
     status.add_argument("--json", action="store_true", help="print the raw status JSON")
+    status.add_argument("--watch", action="store_true", help="refresh in place until Ctrl-C")
+    status.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes with --watch")
 
     check = sub.add_parser("check-config", help="validate a config file")
     check.add_argument("file", type=Path)
@@ -194,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911  (one return pe
         if args.command == "check-config":
             return _check_config(args.file)
         if args.command == "status":
-            return _status(args.config, args.socket, as_json=args.json)
+            return _status(args.config, args.socket, as_json=args.json, watch=args.watch, interval=args.interval)
         if args.command in TOOLS:
             from edged.tools.commands import run_tool  # noqa: PLC0415
 
@@ -230,14 +232,20 @@ def _run(path: Path, *, verbose: bool) -> int:
     return run_daemon(Daemon(config, config_path=path))
 
 
-def _status(config_path: Path | None, socket_path: Path | None, *, as_json: bool) -> int:
-    from edged.status import exit_code, query, render  # noqa: PLC0415
+def _status(config_path: Path | None, socket_path: Path | None, *, as_json: bool, watch: bool, interval: float) -> int:
+    from edged.status import exit_code, query  # noqa: PLC0415
+    from edged.statusview import render  # noqa: PLC0415
 
     if socket_path is None:
         socket_path = load_config(config_path or default_config_path()).status_socket
+    color = None if sys.stdout.isatty() else False
+    if watch:
+        from edged.statusview import watch as watch_status  # noqa: PLC0415
+
+        return watch_status(socket_path, max(0.1, interval), color=color)
     snapshot = query(socket_path)
     if as_json:
         print(json.dumps(snapshot, indent=2))
     else:
-        render(snapshot, color=None if sys.stdout.isatty() else False)
+        render(snapshot, color=color)
     return exit_code(snapshot)

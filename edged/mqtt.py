@@ -343,9 +343,7 @@ class Publisher(threading.Thread):
         self.spool.ack(row_ids)
         self._careful = False
         self._refused_backoff.reset()
-        with self.stats.lock:
-            self.stats.published += len(row_ids)
-            self.stats.last_publish_ts = time.time()
+        self.stats.count_published(len(row_ids))
 
     # -- helpers ---------------------------------------------------------------------------------------
 

@@ -52,8 +52,9 @@ class PipelineStats:
         with self.lock:
             if self.state == "failed":
                 return
+            if state != self.state:  # a change is a sign of life; a looping file saying "running" again is not
+                self.progress_mono = time.monotonic()
             self.state = state
-            self.progress_mono = time.monotonic()
             if error is not None:
                 self.error = error or None
 
@@ -152,6 +153,20 @@ class MqttStats:
     last_publish_ts: float | None = None
     last_error: str | None = None
     connects: int = 0
+    _acks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=256), repr=False)
+
+    def count_published(self, n: int) -> None:
+        """`n` results were acknowledged by the broker."""
+        now = time.monotonic()
+        with self.lock:
+            self.published += n
+            self.last_publish_ts = time.time()
+            self._acks.append((now, n))
+
+    def rate(self, window_s: float = 10.0) -> float:
+        """Acknowledged results per second over the last `window_s` (call with the lock held)."""
+        since = time.monotonic() - window_s
+        return round(sum(n for t, n in self._acks if t >= since) / window_s, 2)
 
     def snapshot(self) -> dict[str, Any]:
         """The `mqtt` entry of the status JSON."""
@@ -161,6 +176,7 @@ class MqttStats:
                 "broker": self.broker,
                 "connected": self.connected,
                 "published": self.published,
+                "published_per_s": self.rate(),
                 "failed": self.failed,
                 "last_publish_ts": self.last_publish_ts,
                 "last_error": self.last_error,

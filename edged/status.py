@@ -8,7 +8,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -116,74 +115,3 @@ def query(path: Path, timeout: float = 3.0) -> dict[str, Any]:
 def exit_code(snapshot: dict[str, Any]) -> int:
     """0 healthy (running), 1 anything else (degraded, starting, stopping)."""
     return EXIT_HEALTHY if snapshot.get("state") == "running" else EXIT_DEGRADED
-
-
-def _age(ts: float | None) -> str:
-    if not ts:
-        return "never"
-    return f"{max(0.0, time.time() - ts):.0f} s ago"
-
-
-def _mib(n: float | None) -> str:
-    return "?" if n is None else f"{n / 2**20:.1f} MiB"
-
-
-def _render_spool(console: Any, spool: dict[str, Any]) -> None:
-    reasons = spool.get("dropped_by_reason") or {}
-    dropped = ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "0"
-    console.print(
-        f"spool  depth {spool.get('depth', 0)}  {_mib(spool.get('bytes', 0))} of {_mib(spool.get('max_bytes'))}"
-        f"  oldest {spool.get('oldest_age_s', 0):.0f} s  disk free {_mib(spool.get('disk_free_bytes'))}"
-    )
-    line = f"       dropped {dropped}  dead letters {spool.get('dead_letters', 0)}"
-    if spool.get("recovered_from"):
-        line += f"  [red]damaged spool moved to {spool['recovered_from']}[/]"
-    if spool.get("error"):
-        line += f"  [red]{spool['error']}[/]"
-    console.print(line)
-
-
-def render(snapshot: dict[str, Any], *, color: bool | None = None) -> None:
-    """Print the snapshot as compact tables (fits 80 columns; colour only on a TTY)."""
-    from rich.console import Console  # noqa: PLC0415  (only the client needs rich)
-    from rich.table import Table  # noqa: PLC0415
-
-    console = Console(no_color=color is False, highlight=False)
-    state = snapshot.get("state", "?")
-    style = {"running": "green", "degraded": "yellow"}.get(state, "red")
-    console.print(
-        f"edged [{style}]{state}[/]  device {snapshot.get('device_id')}  up {snapshot.get('uptime_s', 0):.0f} s"
-        f"  v{snapshot.get('version', '?')}"
-    )
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("pipeline", "state", "fps", "frames", "drops", "reconn", "provider", "p50/p95/p99 ms"):
-        table.add_column(col)
-    for p in snapshot.get("pipelines", []):
-        lat = p.get("latency_ms", {})
-        table.add_row(
-            p.get("name", "?"),
-            p.get("state", "?"),
-            f"{p.get('fps', 0):.1f}",
-            str(p.get("frames", 0)),
-            str(p.get("dropped_frames", 0)),
-            str(p.get("reconnects", 0)),
-            (p.get("provider") or "-").replace("ExecutionProvider", ""),
-            f"{lat.get('p50', 0):.1f}/{lat.get('p95', 0):.1f}/{lat.get('p99', 0):.1f}",
-        )
-    console.print(table)
-    for p in snapshot.get("pipelines", []):
-        model = p.get("model") or {}
-        line = f"  {p.get('name')}: {p.get('source')}  model {model.get('name')} {str(model.get('sha256'))[:12]}"
-        line += f"  malformed {p['malformed']}" if p.get("malformed") else ""  # sensor input it had to skip
-        console.print(line + (f"  [yellow]{p['error']}[/]" if p.get("error") else ""), soft_wrap=True)
-    _render_spool(console, snapshot.get("spool", {}))
-    mqtt = snapshot.get("mqtt", {})
-    if not mqtt.get("enabled", True):
-        console.print("mqtt   disabled (results stay in the spool)")
-        return
-    conn = "[green]connected[/]" if mqtt.get("connected") else "[yellow]disconnected[/]"
-    console.print(
-        f"mqtt   {conn} {mqtt.get('broker', '')}  published {mqtt.get('published', 0)}"
-        f"  last {_age(mqtt.get('last_publish_ts'))}"
-        + (f"  [yellow]{mqtt['last_error']}[/]" if mqtt.get("last_error") else "")
-    )

@@ -17,7 +17,7 @@ from edged.inference.window import WindowSpec, WindowTransform
 from edged.sources.sensor import MalformedLog
 from edged.sources.sensor_parse import MAX_LINE, BinaryParser, CsvParser, JsonParser, SampleClock, Windower
 from edged.stats import PipelineStats
-from edged.status import render
+from edged.statusview import render
 
 REPO = Path(__file__).resolve().parent.parent
 
