@@ -174,6 +174,8 @@ def render(snapshot: dict[str, Any], *, color: bool | None = None) -> None:
     for p in snapshot.get("pipelines", []):
         model = p.get("model") or {}
         line = f"  {p.get('name')}: {p.get('source')}  model {model.get('name')} {str(model.get('sha256'))[:12]}"
+        if p.get("suppressed"):
+            line += f"  suppressed {p['suppressed']} (publish filter)"
         console.print(line + (f"  [yellow]{p['error']}[/]" if p.get("error") else ""), soft_wrap=True)
     _render_spool(console, snapshot.get("spool", {}))
     mqtt = snapshot.get("mqtt", {})
