@@ -169,6 +169,7 @@ class Daemon:
             )
             if rt.stats.state == "building_engine":
                 rt.stats.set_state("starting")
+                notify(f"STATUS=TensorRT engine for pipeline {rt.cfg.name} built; starting")
         if any(m.loaded.provider == TENSORRT for m in models):
             engines.cleanup(self.config)
         return models

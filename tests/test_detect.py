@@ -107,3 +107,11 @@ def test_detect_config_is_part_of_the_postprocess_union(tmp_path: Path) -> None:
     cfg = pipeline_cfg(make_detector(tmp_path / "d.onnx", "yolov8"), iou_threshold=0.5)
     assert isinstance(cfg.postprocess, DetectConfig)
     assert cfg.postprocess.iou_threshold == 0.5
+
+
+def test_labels_that_do_not_fit_the_head_are_refused(tmp_path: Path) -> None:
+    labels = tmp_path / "labels.txt"
+    labels.write_text("a\nb\n", encoding="utf-8")
+    path = make_detector(tmp_path / "d.onnx", "yolov8")
+    with pytest.raises(ModelError, match="2 labels do not fit a yolov8 head"):
+        prepare_model(pipeline_cfg(path, labels=str(labels), format="yolov8"), tmp_path)

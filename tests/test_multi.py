@@ -220,6 +220,15 @@ def test_run_reports_building_engine_before_ready(tmp_path: Path, monkeypatch: p
     assert engines.pending_build(config.pipelines[0], config.state_dir) == key_dir
 
 
+@pytest.mark.filterwarnings("ignore:Specified provider 'TensorrtExecutionProvider' is not in available provider")
+def test_prepare_fails_when_the_session_does_not_get_tensorrt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the runtime reports TensorRT (monkeypatched), but this CPU-only onnxruntime cannot give it to the session
+    monkeypatch.setattr(ort, "get_available_providers", lambda: [TRT, CPU])
+    cfg = base_config(tmp_path, make_tiny_model(tmp_path / "m.onnx"), "unused.mp4")
+    cfg["pipelines"][0]["model"]["providers"] = [TRT, CPU]
+    assert engines.prepare(config_from_dict(cfg)) == 1
+
+
 def test_prepare_builds_nothing_without_tensorrt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = base_config(tmp_path, make_tiny_model(tmp_path / "m.onnx"), "unused.mp4")
     caplog.set_level("INFO")

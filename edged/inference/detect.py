@@ -237,7 +237,16 @@ def make_detect(
     """Build the detector postprocessor; the input size scales normalised boxes and is the fallback frame."""
     if input_size is None:
         raise ModelError("detect needs the model's input size; set preprocess.size")
-    return Detect(cfg, labels, output_names, output_shapes, input_size)
+    detect = Detect(cfg, labels, output_names, output_shapes, input_size)
+    if labels and detect.format in ("yolov5", "yolov8") and output_shapes:
+        width = len(labels) + (5 if detect.format == "yolov5" else 4)
+        dims = [d for d in output_shapes[0][-2:] if isinstance(d, int)]
+        if len(dims) == 2 and width not in dims:
+            raise ModelError(
+                f"{len(labels)} labels do not fit a {detect.format} head of shape {output_shapes[0]} "
+                f"(expected a dimension of {width}); fix postprocess.labels or postprocess.format"
+            )
+    return detect
 
 
 def crop_box(box: list[float], width: int, height: int) -> tuple[int, int, int, int]:

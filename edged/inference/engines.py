@@ -97,19 +97,26 @@ def cleanup(config: Config) -> list[Path]:
 
 
 def prepare(config: Config) -> int:
-    """`edged prepare`: build (and warm up) every TensorRT engine the config needs; 0 when all are ready."""
+    """`edged prepare`: build (and warm up) every TensorRT engine the config needs.
+
+    0 when every engine is ready (or nothing needs TensorRT here); 1 when a session that should run on
+    TensorRT fell back to another provider (no engine was built for it).
+    """
     available = ort.get_available_providers()
-    built = 0
+    built = failed = 0
     for p in config.pipelines:
         if not uses_tensorrt(p):
             log.info("pipeline %s: no TensorRT here (providers: %s); nothing to build", p.name, ", ".join(available))
             continue
         model = load_pipeline_model(p, config.state_dir)
         if model.loaded.provider != TENSORRT:
-            log.warning("pipeline %s: the session runs on %s, not TensorRT", p.name, model.loaded.provider)
+            log.error(
+                "pipeline %s: the session runs on %s, not TensorRT; no engine built", p.name, model.loaded.provider
+            )
+            failed += 1
             continue
         built += 1
         log.info("pipeline %s: engine ready (TensorRT %s)", p.name, trtcache.tensorrt_version())
     cleanup(config)
-    log.info("prepare: %d TensorRT engine(s) ready", built)
-    return 0
+    log.info("prepare: %d TensorRT engine(s) ready, %d failed", built, failed)
+    return 1 if failed else 0
