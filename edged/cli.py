@@ -45,6 +45,11 @@ def _parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check-config", help="validate a config file")
     check.add_argument("file", type=Path)
+
+    prep = sub.add_parser("prepare", help="build the TensorRT engines a config needs, ahead of `edged run`")
+    prep.add_argument(
+        "config", type=Path, nargs="?", help="config file (default $EDGED_CONFIG or /etc/edged/edged.yaml)"
+    )
     _tool_parsers(sub)
     return parser
 
@@ -195,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911  (one return pe
     try:
         if args.command == "check-config":
             return _check_config(args.file)
+        if args.command == "prepare":
+            from edged.inference.engines import prepare  # noqa: PLC0415
+
+            return prepare(load_config(args.config or default_config_path()))
         if args.command == "status":
             return _status(args.config, args.socket, as_json=args.json, watch=args.watch, interval=args.interval)
         if args.command in TOOLS:

@@ -163,7 +163,68 @@ class RawConfig(Strict):
     max_values: int = Field(64, ge=0, description="Include at most this many values per output.")
 
 
-PostprocessConfig = Annotated[ClassifyConfig | RawConfig, Field(discriminator="type")]
+class DetectConfig(Strict):
+    """Object detection: YOLO-style heads or models that output boxes themselves; see edged/inference/detect.py."""
+
+    type: Literal["detect"]
+    format: Literal["auto", "yolov5", "yolov8", "boxes"] = Field(
+        "auto",
+        description="Head family. yolov5: [1, N, 5+nc] with objectness; yolov8 (also YOLO11): [1, 4+nc, N] "
+        "or transposed, no objectness; boxes: NMS inside the graph, one [1, N, 6] output (x1, y1, x2, y2, "
+        "score, class) or separate boxes / scores / classes outputs. auto: from the output shapes and labels.",
+    )
+    score_threshold: float = Field(0.25, ge=0, le=1, description="Detections scoring less are dropped.")
+    iou_threshold: float = Field(0.45, gt=0, le=1, description="NMS: overlap above which the weaker box goes.")
+    max_detections: int = Field(100, ge=1, le=10000, description="Keep at most this many, best first.")
+    class_agnostic: bool = Field(False, description="NMS across classes (default: per class).")
+    classes: list[str | int] | None = Field(
+        None, description="Report only these classes (labels or indices); default every class."
+    )
+    labels: Path | None = Field(None, description="Text file, one label per line; default: model metadata.")
+    normalized: Literal["auto", "yes", "no"] = Field(
+        "auto", description="Box coordinates in 0..1 of the model input (auto: when every coordinate is <= 1.5)."
+    )
+
+
+PostprocessConfig = Annotated[ClassifyConfig | RawConfig | DetectConfig, Field(discriminator="type")]
+
+
+class PublishConfig(Strict):
+    """Which results leave the device. Every frame is still run and counted in the status."""
+
+    mode: Literal["every", "on_change", "interval"] = Field(
+        "every",
+        description="every: each result; on_change: when the set of labels or a per-label count changes "
+        "(a classifier: its top-1 label); interval: at most one result every interval_s.",
+    )
+    interval_s: float = Field(
+        0.0,
+        ge=0,
+        description="interval: the minimum spacing; on_change: also publish an unchanged result this often "
+        "(a heartbeat; 0 = never).",
+    )
+
+    @model_validator(mode="after")
+    def _interval_needs_seconds(self) -> PublishConfig:
+        if self.mode == "interval" and self.interval_s <= 0:
+            raise ValueError("publish.mode interval needs interval_s > 0")
+        return self
+
+
+class SnapshotConfig(Strict):
+    """A JPEG written under <state_dir>/snapshots/<pipeline>/ when an event is published; never sent over MQTT."""
+
+    enabled: bool = Field(False, description="Write snapshots.")
+    on: Literal["detection", "change"] = Field(
+        "detection",
+        description="detection: a published result with at least one detection; change: a published result "
+        "whose labels or counts differ from the previous frame's.",
+    )
+    max_files: int = Field(100, ge=1, le=100000, description="Keep at most this many per pipeline; oldest removed.")
+    jpeg_quality: int = Field(85, ge=1, le=100, description="JPEG quality.")
+    crop: bool = Field(False, description="Write the best detection's box instead of the whole frame.")
+
+
 # each source type's config model lives with its source (the camera's stays here); `type` picks it
 SourceConfig = Annotated[CameraSourceConfig | SensorSourceConfig, Field(discriminator="type")]
 
@@ -176,6 +237,8 @@ class PipelineConfig(Strict):
     model: ModelConfig
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
     postprocess: PostprocessConfig = Field(default_factory=lambda: ClassifyConfig(type="classify"))
+    publish: PublishConfig = Field(default_factory=PublishConfig)
+    snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
 
     @model_validator(mode="after")
     def _preprocess_is_for_images(self) -> PipelineConfig:

@@ -15,8 +15,11 @@ from typing import Any
 from edged import __version__
 from edged.config import Config, PipelineConfig
 from edged.errors import EdgedError
+from edged.inference import engines
+from edged.inference.session import CPU, TENSORRT, select_providers, share_cores, usable_cores
 from edged.mqtt import Publisher, topic_for
-from edged.pipeline import InferenceWorker, ModelRef, ResultHook, Turnstile, prepare_model
+from edged.pipeline import InferenceWorker, Model, ModelRef, ResultHook, Turnstile
+from edged.publish import PublishFilter, Snapshots
 from edged.reload import Reloader, model_file_stat
 from edged.sources import FrameSlot, Source, make_source, source_factory
 from edged.spool import Spool, SpoolLimits
@@ -42,6 +45,7 @@ class PipelineRuntime:
     source: Source | None = None
     workers: list[InferenceWorker] = field(default_factory=list)
     ref: ModelRef | None = None
+    cores: int | None = None  # this pipeline's share of the CPU cores
     model_stat: tuple[int, int, int] | None = None  # (mtime_ns, size, inode) of the model file in use
     seen_stat: tuple[int, int, int] | None = None  # what the last poll saw (a swap waits for it to settle)
 
@@ -107,7 +111,7 @@ class Daemon:
             self.status_server.start()
             if cfg.mqtt.enabled:  # secrets are read here: a bad key file stops edged before the models load
                 self.publisher = Publisher(cfg.mqtt, cfg.device_id, self.spool, self.mqtt_stats, self.snapshot)
-            models = [prepare_model(rt.cfg, cfg.state_dir) for rt in self.pipelines]
+            models = self._load_models()
         except EdgedError:
             self.publisher = None
             self._close_partial()
@@ -119,6 +123,8 @@ class Daemon:
             turnstile = Turnstile(rt.slot)
             rt.ref = ModelRef(model)
             rt.model_stat = model_file_stat(rt.cfg.model.path)
+            publish = PublishFilter(rt.cfg.publish)
+            snapshots = Snapshots(rt.cfg.snapshot, cfg.state_dir, rt.cfg.name) if rt.cfg.snapshot.enabled else None
             rt.workers = [
                 InferenceWorker(
                     rt.cfg,
@@ -130,6 +136,8 @@ class Daemon:
                     topic=topic,
                     on_result=self.on_result,
                     index=i,
+                    publish=publish,
+                    snapshots=snapshots,
                 )
                 for i in range(model.loaded.concurrency)
             ]
@@ -165,6 +173,33 @@ class Daemon:
             transform=transform,
             **self.source_kwargs,
         )
+
+    def _load_models(self) -> list[Model]:
+        """Load every model, the CPU cores shared between CPU pipelines; announce TensorRT builds."""
+        import onnxruntime as ort  # noqa: PLC0415
+
+        available = ort.get_available_providers()
+        on_cpu = [select_providers(rt.cfg.model.providers, available)[0] == CPU for rt in self.pipelines]
+        shares = share_cores([rt.cfg.model for rt in self.pipelines], on_cpu, usable_cores())
+        models = []
+        for rt, cores in zip(self.pipelines, shares, strict=True):
+            rt.cores = cores
+
+            def building(line: str, stats: PipelineStats = rt.stats) -> None:
+                stats.set_state("building_engine")
+                notify("STATUS=" + line)
+
+            models.append(
+                engines.load_pipeline_model(
+                    rt.cfg, self.config.state_dir, cores=cores, on_building=building, notify=notify
+                )
+            )
+            if rt.stats.state == "building_engine":
+                rt.stats.set_state("starting")
+                notify(f"STATUS=TensorRT engine for pipeline {rt.cfg.name} built; starting")
+        if any(m.loaded.provider == TENSORRT for m in models):
+            engines.cleanup(self.config)
+        return models
 
     def _close_partial(self) -> None:
         server, self.status_server = self.status_server, None

@@ -21,6 +21,7 @@ from edged.inference.postprocess import Postprocessor, make_postprocessor
 from edged.inference.preprocess import Preprocessor, PreprocessSpec
 from edged.inference.session import LoadedModel, load_model, warm_up
 from edged.inference.window import WindowSpec, WindowTransform
+from edged.publish import PublishFilter, Snapshots
 from edged.sources.base import Frame, FrameSlot
 from edged.spool import Spool
 from edged.stats import PipelineStats
@@ -63,14 +64,16 @@ class ModelRef:
         return old
 
 
-def prepare_model(cfg: PipelineConfig, state_dir: Path) -> Model:
+def prepare_model(cfg: PipelineConfig, state_dir: Path, cores: int | None = None) -> Model:
     """Load the session, resolve pre/postprocessing (config over metadata), check shapes, warm up.
 
     A sensor pipeline gets a WindowTransform (edged/inference/window.py) instead of image preprocessing:
     its window (channels x samples) is checked against the model input the same way.
+    `cores`: the CPU cores this pipeline may use (the daemon shares them between CPU pipelines).
     """
-    loaded = load_model(cfg.model, state_dir)
+    loaded = load_model(cfg.model, state_dir, cores=cores)
     pre: Preprocessor | WindowTransform
+    input_size: tuple[int, int] | None = None
     if cfg.source.type == "sensor":
         window = WindowSpec.resolve(
             cfg.source.window_settings(), loaded.metadata, loaded.input_shape, loaded.input_type
@@ -78,9 +81,9 @@ def prepare_model(cfg: PipelineConfig, state_dir: Path) -> Model:
         pre, tensor_shape = WindowTransform(window), window.tensor_shape
     else:
         spec = PreprocessSpec.resolve(cfg.preprocess, loaded.metadata, loaded.input_shape, loaded.input_type)
-        pre, tensor_shape = Preprocessor(spec), spec.tensor_shape
+        pre, tensor_shape, input_size = Preprocessor(spec), spec.tensor_shape, spec.size
     shapes = [list(o.shape) for o in loaded.session.get_outputs()]
-    post = make_postprocessor(cfg.postprocess, loaded.output_names, shapes, loaded.metadata)
+    post = make_postprocessor(cfg.postprocess, loaded.output_names, shapes, loaded.metadata, input_size)
     warm_up(loaded, tensor_shape, cfg.model.warmup_runs)
     return Model(loaded, pre, post)
 
@@ -135,7 +138,8 @@ class InferenceWorker(threading.Thread):
     """Takes the latest frame, runs the model, builds the message, appends it to the spool.
 
     A pipeline runs `model.concurrency` of these on one session; a Turnstile keeps their results in
-    capture order, so `seq` follows the frames.
+    capture order, so `seq` follows the frames. The `publish` filter and the snapshots are shared by the
+    workers of a pipeline and only used inside a turn.
     """
 
     def __init__(
@@ -150,6 +154,8 @@ class InferenceWorker(threading.Thread):
         topic: str,
         on_result: ResultHook | None = None,
         index: int = 0,
+        publish: PublishFilter | None = None,
+        snapshots: Snapshots | None = None,
     ) -> None:
         suffix = f"-{index}" if index else ""
         super().__init__(name=f"edged-infer-{cfg.name}{suffix}", daemon=True)
@@ -161,6 +167,8 @@ class InferenceWorker(threading.Thread):
         self.device_id = device_id
         self.topic = topic
         self.on_result = on_result
+        self.publish = publish or PublishFilter(cfg.publish)
+        self.snapshots = snapshots
         describe_model(stats, ref.current)
 
     def run(self) -> None:
@@ -193,13 +201,20 @@ class InferenceWorker(threading.Thread):
         t1 = time.perf_counter()
         outputs = model.loaded.run(tensor)
         t2 = time.perf_counter()
-        result = model.post(outputs)
+        height, width = frame.image.shape[:2]
+        geometry = model.pre.geometry(width, height) if isinstance(model.pre, Preprocessor) else None
+        result = model.post(outputs, geometry)
         t3 = time.perf_counter()
         return model, result, pre_ms, (t2 - t1) * 1e3, (t3 - t2) * 1e3
 
     def _store(  # noqa: PLR0917  (the outcome of _infer, spread)
         self, frame: Frame, model: Model, result: dict[str, Any], pre_ms: float, infer_ms: float, post_ms: float
     ) -> None:
+        self.stats.record_result(pre_ms, infer_ms, post_ms)
+        publish, changed = self.publish.decide(result)
+        if not publish:
+            self.stats.count_suppressed()  # counted, then dropped: no spool row, no seq (see edged/publish.py)
+            return
         seq = self.spool.next_seq(self.cfg.name)
         message = {
             "v": MESSAGE_VERSION,
@@ -213,8 +228,11 @@ class InferenceWorker(threading.Thread):
             "latency_ms": {"pre": round(pre_ms, 3), "infer": round(infer_ms, 3), "post": round(post_ms, 3)},
             "result": result,
         }
+        if self.snapshots is not None and self.snapshots.wanted(result, changed=changed):
+            path = self.snapshots.write(frame.image, result, seq)
+            if path is not None:
+                message["snapshot"] = path  # relative to state_dir; the picture itself stays on the device
         payload = json.dumps(message, separators=(",", ":")).encode("utf-8")
         self.spool.append(self.cfg.name, seq, frame.ts, self.topic, payload)
-        self.stats.record_result(pre_ms, infer_ms, post_ms)
         if self.on_result is not None:
             self.on_result(message)

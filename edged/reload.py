@@ -165,7 +165,7 @@ class Reloader(threading.Thread):
             return False
         stat = model_file_stat(p.model.path)
         try:
-            model = prepare_model(p, self.daemon_.config.state_dir)
+            model = prepare_model(p, self.daemon_.config.state_dir, rt.cores)
         except EdgedError as exc:
             rt.model_stat = stat  # do not retry this file until it changes again
             rt.stats.set_error(f"model swap failed, still running {rt.stats.model_name}: {exc}")

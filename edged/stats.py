@@ -28,13 +28,14 @@ class PipelineStats:
     name: str
     source_uri: str
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    state: str = "starting"  # starting | running | waiting (no data) | reconnecting | ended | failed
+    state: str = "starting"  # starting | building_engine | running | waiting (no data) | reconnecting | ended | failed
     error: str | None = None
     provider: str | None = None
     model_name: str | None = None
     model_sha256: str | None = None
     frames_captured: int = 0
-    frames: int = 0  # frames that produced a result
+    frames: int = 0  # frames that produced a result (published or not)
+    suppressed: int = 0  # results the `publish` filter held back (not stored, no seq)
     dropped_frames: int = 0
     reconnects: int = 0
     malformed: int = 0  # input lines/records a sensor source could not read and skipped
@@ -109,6 +110,11 @@ class PipelineStats:
                 return False
             return time.monotonic() - self.progress_mono > stall_s
 
+    def count_suppressed(self) -> None:
+        """A result was held back by the pipeline's `publish` filter."""
+        with self.lock:
+            self.suppressed += 1
+
     def fps(self) -> float:
         """Results per second over the recent window (0 when idle for > 5 s)."""
         with self.lock:
@@ -130,6 +136,7 @@ class PipelineStats:
                 "error": self.error,
                 "fps": fps,
                 "frames": self.frames,
+                "suppressed": self.suppressed,
                 "frames_captured": self.frames_captured,
                 "dropped_frames": self.dropped_frames,
                 "reconnects": self.reconnects,

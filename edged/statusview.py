@@ -52,6 +52,7 @@ def _pipelines(snapshot: dict[str, Any]) -> list[Any]:
         line = f"  {p.get('name')}: {p.get('source')}\n    model {model.get('name')} {str(model.get('sha256'))[:12]}"
         line += f"  {split}" if split else ""
         line += f"  malformed {p['malformed']}" if p.get("malformed") else ""  # sensor input it had to skip
+        line += f"  suppressed {p['suppressed']} (publish filter)" if p.get("suppressed") else ""
         line += f"  [yellow]{p['error']}[/]" if p.get("error") else ""
         lines.append(Text.from_markup(line))
     return lines

@@ -61,13 +61,17 @@ def test_tensorrt_options_are_passed_through(tiny_model: Path, tmp_path: Path) -
         cuda_device_id=1,
         provider_options={"TensorrtExecutionProvider": {"trt_max_workspace_size": 1 << 30}},
     )
-    opts = provider_options(cfg, "TensorrtExecutionProvider", tmp_path)
+    opts = provider_options(cfg, "TensorrtExecutionProvider", tmp_path, "ab" * 32)
     assert opts["trt_engine_cache_enable"] is True
-    assert opts["trt_engine_cache_path"] == str(tmp_path / "trt-cache")
+    cache = Path(opts["trt_engine_cache_path"])  # keyed by model sha256 + TensorRT version + precision
+    assert cache.parent == tmp_path / "trt-cache"
+    assert cache.name.startswith("abababababababab-trt")
+    assert cache.name.endswith("-int8")
+    assert opts["trt_timing_cache_path"] == str(cache)
     assert opts["trt_fp16_enable"] is False
     assert opts["device_id"] == 1
     assert opts["trt_max_workspace_size"] == 1 << 30
-    assert provider_options(cfg, "CUDAExecutionProvider", tmp_path) == {"device_id": 1}
+    assert provider_options(cfg, "CUDAExecutionProvider", tmp_path, "ab" * 32) == {"device_id": 1}
 
 
 # -- malformed models ------------------------------------------------------------------------------------

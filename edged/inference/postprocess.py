@@ -1,20 +1,28 @@
-"""Model outputs -> the `result` object of a message: `classify` (top-k with labels) or `raw`."""
+"""Model outputs -> the `result` object of a message: `classify` (top-k with labels), `raw` or `detect`."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from edged.config import ClassifyConfig, RawConfig
+from edged.config import ClassifyConfig, DetectConfig, RawConfig
 from edged.errors import ModelError
+from edged.inference.detect import make_detect
+from edged.inference.preprocess import Geometry
 
 LABELS_KEY = "edged.labels"
-Postprocessor = Callable[[list[npt.NDArray[Any]]], dict[str, Any]]
+
+
+class Postprocessor(Protocol):
+    """Outputs of one run (+ where the frame landed in the input, for box mapping) -> the `result` object."""
+
+    def __call__(self, outputs: list[npt.NDArray[Any]], geometry: Geometry | None = None) -> dict[str, Any]:
+        """Build the result."""
+        ...
 
 
 def load_labels(path: Path | None, metadata: dict[str, str]) -> list[str] | None:
@@ -44,7 +52,7 @@ class Classify:
         self.softmax = cfg.softmax
         self.labels = labels
 
-    def __call__(self, outputs: list[npt.NDArray[Any]]) -> dict[str, Any]:
+    def __call__(self, outputs: list[npt.NDArray[Any]], geometry: Geometry | None = None) -> dict[str, Any]:  # noqa: ARG002
         """Return {"top": [{"index", "label", "score"}, ...]} best first."""
         scores = np.asarray(outputs[0], dtype=np.float32).reshape(-1)
         if self.softmax == "always" or (self.softmax == "auto" and not _is_distribution(scores)):
@@ -71,7 +79,7 @@ class Raw:
         self.max_values = cfg.max_values
         self.names = names
 
-    def __call__(self, outputs: list[npt.NDArray[Any]]) -> dict[str, Any]:
+    def __call__(self, outputs: list[npt.NDArray[Any]], geometry: Geometry | None = None) -> dict[str, Any]:  # noqa: ARG002
         """Return {"outputs": [...]} with values capped so a message stays small."""
         items = []
         for name, out in zip(self.names, outputs, strict=True):
@@ -94,15 +102,18 @@ class Raw:
 
 
 def make_postprocessor(
-    cfg: ClassifyConfig | RawConfig,
+    cfg: ClassifyConfig | RawConfig | DetectConfig,
     output_names: list[str],
     output_shapes: list[list[Any]],
     metadata: dict[str, str],
+    input_size: tuple[int, int] | None = None,
 ) -> Postprocessor:
     """Build the configured postprocessor and check it fits the model's outputs."""
     if isinstance(cfg, RawConfig):
         return Raw(cfg, output_names)
     labels = load_labels(cfg.labels, metadata)
+    if isinstance(cfg, DetectConfig):
+        return make_detect(cfg, output_names, output_shapes, labels, input_size)
     shape = output_shapes[0]
     classes = shape[-1] if shape and isinstance(shape[-1], int) else None
     if labels is not None and classes is not None and len(labels) != classes:

@@ -167,6 +167,31 @@ class Letterbox:
     pad_y: int
 
 
+@dataclass(frozen=True)
+class Geometry:
+    """How a frame of `width` x `height` maps into the model input: input = source * scale + pad.
+
+    A pure function of the frame's size and the spec (`Preprocessor.geometry`), so a worker derives it
+    from the frame it holds; nothing is read from state the source thread writes for the next frame.
+    """
+
+    width: int
+    height: int
+    scale_x: float
+    scale_y: float
+    pad_x: int
+    pad_y: int
+
+    def to_source(self, boxes: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """[N, 4] x1, y1, x2, y2 in model-input pixels -> source-frame pixels, clipped to the frame."""
+        out = np.empty_like(boxes, dtype=np.float32)
+        out[:, 0::2] = (boxes[:, 0::2] - self.pad_x) / self.scale_x
+        out[:, 1::2] = (boxes[:, 1::2] - self.pad_y) / self.scale_y
+        np.clip(out[:, 0::2], 0.0, float(self.width), out=out[:, 0::2])
+        np.clip(out[:, 1::2], 0.0, float(self.height), out=out[:, 1::2])
+        return out
+
+
 class Preprocessor:
     """Callable turning a BGR uint8 frame into a contiguous input tensor."""
 
@@ -182,6 +207,8 @@ class Preprocessor:
         self._identity = bool(np.all(self._mul == 1.0) and np.all(self._add == 0.0))
         self._dtype = DTYPES[spec.dtype]
         self._interpolation = INTERPOLATION[spec.interpolation]
+        # the last frame's letterbox, kept for callers that preprocess on their own thread; the pipeline
+        # uses `geometry()` instead, because the source thread preprocesses the next frame meanwhile
         self.last_letterbox = Letterbox(1.0, 0, 0)
 
     def __call__(self, frame: npt.NDArray[np.uint8]) -> npt.NDArray[Any]:
@@ -207,6 +234,16 @@ class Preprocessor:
             x = x.transpose(0, 2, 3, 1)
         return np.ascontiguousarray(x, dtype=self._dtype)
 
+    def geometry(self, frame_width: int, frame_height: int) -> Geometry:
+        """Where a frame of this size lands in the model input (the same arithmetic `_fit` uses)."""
+        w, h = self.spec.size
+        fw, fh = frame_width, frame_height
+        if self.spec.resize == "stretch" or (fw == w and fh == h):
+            return Geometry(fw, fh, w / fw, h / fh, 0, 0)
+        scale = min(w / fw, h / fh)
+        nw, nh = max(1, round(fw * scale)), max(1, round(fh * scale))
+        return Geometry(fw, fh, nw / fw, nh / fh, (w - nw) // 2, (h - nh) // 2)
+
     def _fit(self, frame: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
         w, h = self.spec.size
         fh, fw = frame.shape[:2]
@@ -215,10 +252,11 @@ class Preprocessor:
             if fw == w and fh == h:
                 return frame
             return np.asarray(cv2.resize(frame, (w, h), interpolation=self._interpolation), dtype=np.uint8)
+        geo = self.geometry(fw, fh)
         scale = min(w / fw, h / fh)
         nw, nh = max(1, round(fw * scale)), max(1, round(fh * scale))
         resized = cv2.resize(frame, (nw, nh), interpolation=self._interpolation)
-        px, py = (w - nw) // 2, (h - nh) // 2
+        px, py = geo.pad_x, geo.pad_y
         pad = self.spec.pad_value
         out = cv2.copyMakeBorder(
             resized,

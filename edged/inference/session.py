@@ -15,6 +15,7 @@ import onnxruntime as ort
 
 from edged.config import ModelConfig
 from edged.errors import ModelError, ProviderError
+from edged.inference import trtcache
 from edged.inference.preprocess import DTYPES, ORT_TYPES
 
 log = logging.getLogger(__name__)
@@ -75,13 +76,14 @@ def usable_cores() -> int:
 
 
 def thread_plan(cfg: ModelConfig, provider: str, cores: int) -> tuple[int, int]:
-    """(concurrency, intra_op threads per run) for a model.
+    """(concurrency, intra_op threads per run) for a model that may use `cores` CPU cores.
 
     On the CPU provider the default is frame-level parallelism: one run per core (at most 4), each
     single-threaded. For small edge models this beats one run spread over all cores (ONNX Runtime's
     intra-op threads synchronise per operator and spin while they wait, burning CPU a Pi needs for
     capture), and it keeps throughput up while the source thread decodes. `threads: N, concurrency: 1`
     gives the lowest single-frame latency instead. GPU providers run one frame at a time.
+    With several pipelines, `cores` is this pipeline's share (`share_cores`), not the whole machine.
     """
     if provider != CPU:
         return cfg.concurrency or 1, cfg.threads
@@ -93,11 +95,44 @@ def thread_plan(cfg: ModelConfig, provider: str, cores: int) -> tuple[int, int]:
     return concurrency, max(1, cores // concurrency)
 
 
-def provider_options(cfg: ModelConfig, provider: str, state_dir: Path) -> dict[str, Any]:
-    """Options that matter on Jetson, then the config's `provider_options` on top."""
+def share_cores(models: list[ModelConfig], on_cpu: list[bool], cores: int) -> list[int]:
+    """The CPU cores each pipeline may use, so that several models do not oversubscribe the machine.
+
+    The rule: a CPU pipeline that sets both `concurrency` and `threads` takes concurrency x threads cores
+    (as configured; capped at the machine). The cores left are split evenly between the other CPU
+    pipelines, at least one each, the first pipelines getting the remainder; `thread_plan` then plans each
+    within its share. Pipelines on a GPU provider are not counted (their runs wait on the GPU) and get
+    the whole machine as their figure. E.g. 4 cores, two auto CPU pipelines: 2 + 2, so each runs two
+    single-threaded frames at once; three: 2 + 1 + 1.
+    """
+    shares = [cores] * len(models)
+    auto = []
+    reserved = 0
+    for i, (cfg, cpu) in enumerate(zip(models, on_cpu, strict=True)):
+        if not cpu:
+            continue
+        if cfg.concurrency and cfg.threads:
+            shares[i] = min(cores, cfg.concurrency * cfg.threads)
+            reserved += shares[i]
+        else:
+            auto.append(i)
+    if reserved > cores:
+        log.warning("CPU pipelines ask for %d cores in all; this machine has %d", reserved, cores)
+    left = max(cores - reserved, 0)
+    for rank, i in enumerate(auto):
+        shares[i] = max(1, left // len(auto) + (1 if rank < left % len(auto) else 0))
+    return shares
+
+
+def provider_options(cfg: ModelConfig, provider: str, state_dir: Path, sha256: str) -> dict[str, Any]:
+    """Options that matter on Jetson, then the config's `provider_options` on top.
+
+    TensorRT's engine and timing cache go to the directory keyed by the model's sha256, the TensorRT
+    version and the precision flags (`trtcache`), so an engine built for something else is never loaded.
+    """
     opts: dict[str, Any] = {}
     if provider == TENSORRT:
-        cache = cfg.trt_engine_cache_dir or state_dir / "trt-cache"
+        cache = trtcache.engine_dir(cfg, state_dir, sha256)
         opts = {
             "device_id": cfg.cuda_device_id,
             "trt_engine_cache_enable": True,
@@ -113,8 +148,11 @@ def provider_options(cfg: ModelConfig, provider: str, state_dir: Path) -> dict[s
     return opts
 
 
-def load_model(cfg: ModelConfig, state_dir: Path) -> LoadedModel:
-    """Build the session, read back the providers it really uses, and apply `require_provider`."""
+def load_model(cfg: ModelConfig, state_dir: Path, *, cores: int | None = None) -> LoadedModel:
+    """Build the session, read back the providers it really uses, and apply `require_provider`.
+
+    `cores`: the CPU cores this model may use (default: every usable core).
+    """
     path = cfg.path
     try:
         sha = file_sha256(path)
@@ -127,7 +165,7 @@ def load_model(cfg: ModelConfig, state_dir: Path) -> LoadedModel:
     missing = [p for p in cfg.providers if p not in available]
     if missing:
         log.info("model %s: providers not offered by this onnxruntime build: %s", path.name, ", ".join(missing))
-    concurrency, threads = thread_plan(cfg, chosen[0], usable_cores())
+    concurrency, threads = thread_plan(cfg, chosen[0], cores or usable_cores())
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = cfg.inter_op_threads
@@ -136,10 +174,9 @@ def load_model(cfg: ModelConfig, state_dir: Path) -> LoadedModel:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
-    for p in chosen:
-        if p == TENSORRT:
-            Path(provider_options(cfg, p, state_dir)["trt_engine_cache_path"]).mkdir(parents=True, exist_ok=True)
-    providers = [(p, provider_options(cfg, p, state_dir)) for p in chosen]
+    if TENSORRT in chosen:
+        trtcache.prepare_dir(cfg, state_dir, sha)
+    providers = [(p, provider_options(cfg, p, state_dir, sha)) for p in chosen]
     try:
         session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
     except Exception as exc:
