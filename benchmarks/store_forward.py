@@ -53,6 +53,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT_DIR = REPO_ROOT / "bench-out"
 TOPIC = "edged/bench/cam0/results"
 RSS_POLL_S = 0.05
+BARE_QUEUE_MAX = 30_000  # the bare loop's paho queue at most (see child_drain_bare)
 STATUS_POLL_S = 0.1
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 LABELS = ["person", "bicycle", "car", "motorcycle", "bus", "truck", "traffic light", "stop sign", "dog", "cat"]
@@ -295,9 +296,12 @@ def child_drain_bare(db: Path, port: int, inflight: int) -> dict[str, Any]:
     try:
         if not connected.wait(10):
             raise RuntimeError("bare paho: no CONNACK")
-        for topic, payload in rows:
+        for sent, (topic, payload) in enumerate(rows):
+            # paho's message ids are 16-bit: more than 65,535 queued messages collide and never complete
+            while sent - acked[0] >= BARE_QUEUE_MAX:
+                time.sleep(0.001)
             client.publish(topic, payload, qos=1)
-        done.wait(600)
+        done.wait(60 + n / 1000)
         seconds = time.perf_counter() - t0
     finally:
         client.disconnect()

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# Installs edged as a systemd service on Raspberry Pi OS or JetPack (idempotent: run it again to upgrade).
+#
+#   sudo deploy/install.sh                 # install or upgrade from this checkout, enable the service
+#   sudo deploy/install.sh --start         # ... and start it now
+#   sudo deploy/install.sh --uninstall     # stop and remove the service and the venv; keeps config and data
+#   sudo deploy/install.sh --uninstall --purge   # ... and /etc/edged, /var/lib/edged and the user too
+#
+# Options: --platform pi|jetson|generic (default: detected), --prefix DIR (install into a staging root,
+# e.g. for packaging or tests: no systemctl, users are created in DIR/etc), --no-enable.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/.." && pwd)
+prefix=""
+platform=""
+action=install
+purge=0
+start=0
+enable=1
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --uninstall) action=uninstall ;;
+    --purge) purge=1 ;;
+    --start) start=1 ;;
+    --no-enable) enable=0 ;;
+    --prefix) prefix=$(realpath -m "$2"); shift ;;
+    --platform) platform="$2"; shift ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+say() { printf 'edged-install: %s\n' "$*"; }
+die() { printf 'edged-install: error: %s\n' "$*" >&2; exit 1; }
+
+venv="$prefix/opt/edged/venv"
+etc="$prefix/etc/edged"
+state="$prefix/var/lib/edged"
+unit_dir="$prefix/etc/systemd/system"
+bin_link="$prefix/usr/local/bin/edged"
+
+[ -n "$prefix" ] || [ "$(id -u)" -eq 0 ] || die "run as root (sudo), or give --prefix DIR for a staging install"
+
+if [ -z "$platform" ]; then
+  platform=generic
+  if [ -e "$prefix/etc/nv_tegra_release" ]; then
+    platform=jetson
+  elif [ -z "$prefix" ] && grep -qi raspberry /proc/device-tree/model 2>/dev/null; then
+    platform=pi
+  fi
+fi
+case "$platform" in pi|jetson|generic) ;; *) die "--platform must be pi, jetson or generic" ;; esac
+
+systemd_live() { [ -z "$prefix" ] && command -v systemctl >/dev/null && [ -d /run/systemd/system ]; }
+
+ensure_user() {
+  local root_args=()
+  [ -n "$prefix" ] && root_args=(--prefix "$prefix")
+  if ! getent group edged >/dev/null 2>&1 && ! grep -q '^edged:' "$prefix/etc/group" 2>/dev/null; then
+    groupadd "${root_args[@]}" --system edged
+    say "created group edged"
+  fi
+  if ! id edged >/dev/null 2>&1 && ! grep -q '^edged:' "$prefix/etc/passwd" 2>/dev/null; then
+    useradd "${root_args[@]}" --system --gid edged --groups video --home-dir /var/lib/edged \
+      --no-create-home --shell /usr/sbin/nologin --comment "edged inference daemon" edged
+    say "created user edged (groups: edged, video)"
+  fi
+}
+
+install_venv() {
+  mkdir -p "$(dirname "$venv")"
+  local site=()
+  # on Jetson the system's OpenCV (GStreamer) and NVIDIA's onnxruntime-gpu wheel must win over pip's
+  [ "$platform" = jetson ] && site=(--system-site-packages)
+  if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "${site[@]}" "$venv" || die "python3 -m venv failed: install python3-venv (apt)"
+    say "created $venv"
+  fi
+  "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
+  say "installing edged from $repo into $venv"
+  "$venv/bin/python" -m pip install -q --upgrade "$repo" 2>&1 | grep -vE '^(WARNING: Location|  )' || true
+  "$venv/bin/python" -c 'import edged.daemon' || die "edged (or a dependency) did not install into $venv"
+  mkdir -p "$(dirname "$bin_link")"
+  ln -sfn /opt/edged/venv/bin/edged "$bin_link"
+}
+
+install_files() {
+  install -d -m 0755 "$unit_dir"
+  install -m 0644 "$repo/systemd/edged.service" "$unit_dir/edged.service"
+  if [ "$platform" = jetson ]; then
+    install -d -m 0755 "$unit_dir/edged.service.d"
+    install -m 0644 "$repo/systemd/edged.service.d/jetson-gpu.conf" "$unit_dir/edged.service.d/jetson-gpu.conf"
+  fi
+  install -d -m 0750 "$etc"
+  local example="$repo/deploy/edged.$platform.yaml"
+  [ "$platform" = generic ] && example="$repo/deploy/edged.pi.yaml"
+  if [ ! -e "$etc/edged.yaml" ]; then
+    install -m 0640 "$example" "$etc/edged.yaml"
+    say "wrote $etc/edged.yaml from $(basename "$example") (edit it: broker, camera, model)"
+  else
+    say "kept the existing $etc/edged.yaml"
+  fi
+  install -d -m 0750 "$state" "$state/models"
+  for m in digits.int8.onnx vibration.int8.onnx; do
+    [ -e "$state/models/$m" ] || install -m 0640 "$repo/edged/assets/$m" "$state/models/$m"
+  done
+  if [ -z "$prefix" ]; then
+    chown -R root:edged "$etc"
+    chown -R edged:edged "$state"
+  fi
+}
+
+enable_service() {
+  if systemd_live; then
+    systemctl daemon-reload
+    [ "$enable" -eq 1 ] && systemctl enable edged >/dev/null 2>&1 && say "enabled edged.service"
+    if [ "$start" -eq 1 ]; then
+      systemctl restart edged && say "started edged.service"
+    elif systemctl is-active --quiet edged; then
+      systemctl restart edged && say "restarted the running edged.service with the new version"
+    fi
+  else
+    say "no running systemd here (or --prefix): not calling systemctl"
+  fi
+}
+
+uninstall() {
+  if systemd_live; then
+    systemctl disable --now edged >/dev/null 2>&1 || true
+  fi
+  rm -f "$unit_dir/edged.service" "$unit_dir/edged.service.d/jetson-gpu.conf" "$bin_link"
+  rmdir "$unit_dir/edged.service.d" 2>/dev/null || true
+  rm -rf "$prefix/opt/edged"
+  systemd_live && systemctl daemon-reload
+  say "removed the service and $prefix/opt/edged"
+  if [ "$purge" -eq 1 ]; then
+    rm -rf "$etc" "$state"
+    local root_args=()
+    [ -n "$prefix" ] && root_args=(--prefix "$prefix")
+    userdel "${root_args[@]}" edged 2>/dev/null || true
+    groupdel "${root_args[@]}" edged 2>/dev/null || true
+    say "purged $etc, $state and the edged user"
+  else
+    say "kept $etc and $state (add --purge to remove them)"
+  fi
+}
+
+if [ "$action" = uninstall ]; then
+  uninstall
+  exit 0
+fi
+
+say "platform: $platform${prefix:+, prefix $prefix}"
+ensure_user
+install_venv
+install_files
+enable_service
+cat <<EOF
+
+Next steps:
+  1. Edit /etc/edged/edged.yaml (broker host, camera, model), then check it:
+       edged check-config /etc/edged/edged.yaml
+  2. Start it and look at it:
+       sudo systemctl start edged
+       edged status --config /etc/edged/edged.yaml      (members of group edged, or root)
+       journalctl -u edged -f
+  3. Secrets: put the MQTT password in /etc/edged/mqtt-password (chmod 640, group edged) and set
+     mqtt.password_file, or use systemd/edged.service.d/credentials.conf.example.
+EOF
