@@ -21,6 +21,11 @@ One run, three parts, printed side by side (and as JSON with `--json`):
 This is a measurement, not a test: it exits 0 whatever the figures are, non-zero only when something
 crashed. Every broker and child it starts is stopped on exit, Ctrl-C included.
 
+`--io-fps 30` runs part 3 at a camera's pace (commits then hold fewer rows: more bytes per result);
+`--io-whatif batch_max=256,batch_ms=2000` adds two runs with other spool settings; `--edged-src DIR`
+runs every edged child from a snapshot (e.g. `git archive HEAD edged | tar -x -C DIR`) while the
+working tree is mid-edit.
+
     python benchmarks/store_forward.py
     python benchmarks/store_forward.py --drain 10000 --repeat 1 --steady 20000 --io-results 5000 --json
 """

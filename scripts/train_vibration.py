@@ -35,18 +35,11 @@ import onnx
 import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper, numpy_helper
-from onnxruntime.quantization import (
-    CalibrationDataReader,
-    CalibrationMethod,
-    QuantFormat,
-    QuantType,
-    quant_pre_process,
-    quantize_static,
-)
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vibration_signals as vs
+from int8_export import quantize, set_metadata
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT_DIR = REPO / "edged" / "assets"
@@ -169,55 +162,6 @@ def export_onnx(model: VibrationNet, path: Path) -> None:
     onnx.save(out, str(path))
 
 
-class _Calibration(CalibrationDataReader):  # type: ignore[misc]  # onnxruntime ships no type hints
-    """Feeds windows one at a time to the int8 calibrator."""
-
-    def __init__(self, x: Array) -> None:
-        self._x = x
-        self._i = 0
-
-    def get_next(self) -> dict[str, Array] | None:
-        if self._i >= len(self._x):
-            return None
-        self._i += 1
-        return {INPUT_NAME: self._x[self._i - 1 : self._i]}
-
-    def rewind(self) -> None:
-        self._i = 0
-
-
-def quantize(fp32: Path, int8: Path, calib: Array, workdir: Path) -> None:
-    """Static int8 QDQ, symmetric weights (per channel) and activations: what TensorRT and the CPU take."""
-    prepared = workdir / "prepared.onnx"
-    quant_pre_process(str(fp32), str(prepared), skip_symbolic_shape=True)
-    quantize_static(
-        str(prepared),
-        str(int8),
-        _Calibration(calib),
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        weight_type=QuantType.QInt8,
-        activation_type=QuantType.QInt8,
-        calibrate_method=CalibrationMethod.MinMax,
-        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
-    )
-    model = onnx.load(str(int8))
-    used = {n.domain for n in model.graph.node} | {""}
-    kept = [op for op in model.opset_import if op.domain in used]
-    del model.opset_import[:]
-    model.opset_import.extend(kept)
-    onnx.checker.check_model(model)
-    onnx.save(model, str(int8))
-
-
-def set_metadata(path: Path, props: dict[str, str]) -> None:
-    """Replace the model's metadata_props with `props`."""
-    model = onnx.load(str(path))
-    del model.metadata_props[:]
-    helper.set_model_props(model, props)
-    onnx.save(model, str(path))
-
-
 def predict(path: Path, x: Array) -> Array:
     """Logits of an ONNX model, one window per run (batch dimension 1, as in the daemon)."""
     opts = ort.SessionOptions()
@@ -269,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = Path(tmp)
         fp32, int8 = work / FP32_FILE, work / INT8_FILE
         export_onnx(model, fp32)
-        quantize(fp32, int8, x_calib, work)
+        quantize(fp32, int8, INPUT_NAME, x_calib, work)
         with torch.no_grad():
             torch_logits = model(torch.from_numpy(x_eval)).numpy()
         logits32, logits8 = predict(fp32, x_eval), predict(int8, x_eval)

@@ -88,12 +88,19 @@ class FrameSlot:
 
 
 class Source(threading.Thread):
-    """A thread that fills a FrameSlot until stopped. Subclasses implement `run`."""
+    """A thread that fills a FrameSlot until stopped. Subclasses implement `run`, watch `_halt` and,
+    on the way out, close the slot when `_close_slot` says so."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._halt = threading.Event()
+        self._close_slot = True
 
     def stop(self, *, close_slot: bool = True) -> None:
-        """Ask the source to finish; it closes its slot on the way out unless `close_slot` is False
-        (a source being replaced by another feeding the same slot)."""
-        raise NotImplementedError
+        """Ask the source to finish (safe to call more than once); it closes its slot on the way out
+        unless `close_slot` is False (a source being replaced by another feeding the same slot)."""
+        self._close_slot = close_slot
+        self._halt.set()
 
 
 SourceFactory = Callable[..., Source]

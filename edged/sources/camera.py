@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import logging
 import re
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -86,21 +85,14 @@ class CameraSource(Source):
         capture_factory: CaptureFactory = open_capture,
         transform: Transform | None = None,
     ) -> None:
-        super().__init__(name=name, daemon=True)
+        super().__init__(name)
         self.cfg = cfg
         self.slot = slot
         self.stats = stats
         self.kind = source_kind(cfg.uri)
         self._open = capture_factory
         self._transform = transform
-        self._close_slot = True
-        self._halt = threading.Event()
         self._counter = 0
-
-    def stop(self, *, close_slot: bool = True) -> None:
-        """Ask the thread to finish; safe to call more than once."""
-        self._close_slot = close_slot
-        self._halt.set()
 
     def run(self) -> None:
         """Open, read, and on failure reopen with backoff, until stopped or the file ended for good."""

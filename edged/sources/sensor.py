@@ -14,7 +14,6 @@ This module must not import edged.config (edged.config imports the config model 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -260,7 +259,7 @@ class SensorSource(Source):
         name: str = "edged-source",
         transform: WindowTransform | None = None,
     ) -> None:
-        super().__init__(name=name, daemon=True)
+        super().__init__(name)
         self.cfg = cfg
         self.slot = slot
         self.stats = stats
@@ -275,14 +274,7 @@ class SensorSource(Source):
         self.transport: Transport | None = None  # the open one (tests read a UDP port from it)
         self.samples = 0
         self._malformed_log = MalformedLog(f"source {cfg.uri}")
-        self._halt = threading.Event()
-        self._close_slot = True
         self._index = 0
-
-    def stop(self, *, close_slot: bool = True) -> None:
-        """Ask the thread to finish; safe to call more than once."""
-        self._close_slot = close_slot
-        self._halt.set()
 
     def run(self) -> None:
         """Open, read, and on failure reopen with backoff, until stopped."""
