@@ -132,6 +132,7 @@ def describe_model(stats: PipelineStats, model: Model) -> None:
         stats.provider = model.loaded.provider
         stats.model_name = model.loaded.name
         stats.model_sha256 = model.loaded.sha256
+        stats.model_int8 = model.loaded.int8
 
 
 class InferenceWorker(threading.Thread):
@@ -185,7 +186,11 @@ class InferenceWorker(threading.Thread):
             except Exception as exc:  # one pipeline's failure must not stop the others
                 with self.turnstile.turn(ticket):
                     self.stats.set_state("failed", f"inference failed: {exc}")
-                log.exception("pipeline %s: inference failed; this pipeline stops", self.cfg.name)
+                log.exception(
+                    "pipeline %s: inference failed; this pipeline stops",
+                    self.cfg.name,
+                    extra={"PIPELINE": self.cfg.name, "PROVIDER": self.ref.current.loaded.provider, "SEQ": ""},
+                )
                 self.turnstile.slot.close()  # the other workers of this pipeline stop too
                 return
             with self.turnstile.turn(ticket):
@@ -234,5 +239,8 @@ class InferenceWorker(threading.Thread):
                 message["snapshot"] = path  # relative to state_dir; the picture itself stays on the device
         payload = json.dumps(message, separators=(",", ":")).encode("utf-8")
         self.spool.append(self.cfg.name, seq, frame.ts, self.topic, payload)
+        if log.isEnabledFor(logging.DEBUG):  # one line per result: journal fields make them searchable
+            fields = {"PIPELINE": self.cfg.name, "SEQ": seq, "PROVIDER": model.loaded.provider}
+            log.debug("pipeline %s seq %d: %s", self.cfg.name, seq, json.dumps(result)[:200], extra=fields)
         if self.on_result is not None:
             self.on_result(message)

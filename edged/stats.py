@@ -33,6 +33,7 @@ class PipelineStats:
     provider: str | None = None
     model_name: str | None = None
     model_sha256: str | None = None
+    model_int8: bool | None = None
     frames_captured: int = 0
     frames: int = 0  # frames that produced a result (published or not)
     suppressed: int = 0  # results the `publish` filter held back (not stored, no seq)
@@ -142,7 +143,7 @@ class PipelineStats:
                 "reconnects": self.reconnects,
                 "malformed": self.malformed,
                 "provider": self.provider,
-                "model": {"name": self.model_name, "sha256": self.model_sha256},
+                "model": {"name": self.model_name, "sha256": self.model_sha256, "int8": self.model_int8},
                 "latency_ms": {**total, "stages": lat},
             }
 

@@ -49,7 +49,10 @@ def _pipelines(snapshot: dict[str, Any]) -> list[Any]:
         model = p.get("model") or {}
         stages = lat.get("stages") or {}
         split = "  ".join(f"{k} {_ms(v)}" for k, v in stages.items())
-        line = f"  {p.get('name')}: {p.get('source')}\n    model {model.get('name')} {str(model.get('sha256'))[:12]}"
+        int8 = model.get("int8")
+        precision = "" if int8 is None else (" int8" if int8 else " fp")
+        sha = str(model.get("sha256"))[:12]
+        line = f"  {p.get('name')}: {p.get('source')}\n    model {model.get('name')} {sha}{precision}"
         line += f"  {split}" if split else ""
         line += f"  malformed {p['malformed']}" if p.get("malformed") else ""  # sensor input it had to skip
         line += f"  suppressed {p['suppressed']} (publish filter)" if p.get("suppressed") else ""

@@ -301,3 +301,20 @@ def test_watch_refreshes_until_interrupted(tmp_path: Path) -> None:
         server.stop()
     assert proc.returncode == 0, err
     assert "edged running" in out
+
+
+def test_the_journal_is_used_only_when_stderr_is_the_journal(monkeypatch: pytest.MonkeyPatch) -> None:
+    from edged.logs import journal_handler
+
+    monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+    assert journal_handler() is None  # plain stderr: journald (if any) adds time and unit itself
+    monkeypatch.setenv("JOURNAL_STREAM", "1:1")  # not our stderr's device and inode
+    assert journal_handler() is None
+
+
+def test_status_says_whether_the_model_is_int8(tmp_path: Path, tiny_model: Path) -> None:
+    from edged.inference.session import is_quantized
+
+    assert is_quantized(REPO / "edged" / "assets" / "digits.int8.onnx")
+    assert not is_quantized(REPO / "edged" / "assets" / "digits.fp32.onnx")
+    assert not is_quantized(tiny_model)

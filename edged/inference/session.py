@@ -39,6 +39,7 @@ class LoadedModel:
     input_type: str
     output_names: list[str]
     metadata: dict[str, str] = field(default_factory=dict)
+    int8: bool = False  # holds quantized operators
     concurrency: int = 1  # runs the pipeline may make at once
 
     @property
@@ -50,6 +51,22 @@ class LoadedModel:
         """One inference; returns the outputs in `output_names` order."""
         outputs: list[npt.NDArray[Any]] = self.session.run(self.output_names, {self.input_name: tensor})
         return outputs
+
+
+QUANT_OPS = (b"QuantizeLinear", b"QLinearConv", b"QLinearMatMul", b"ConvInteger", b"MatMulInteger")
+
+
+def is_quantized(path: Path) -> bool:
+    """Whether the model holds int8 operators (QDQ or QOperator); op names are plain strings in the file."""
+    overlap = max(len(op) for op in QUANT_OPS)
+    tail = b""
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            data = tail + chunk
+            if any(op in data for op in QUANT_OPS):
+                return True
+            tail = data[-overlap:]
+    return False
 
 
 def file_sha256(path: Path) -> str:
@@ -217,6 +234,7 @@ def load_model(cfg: ModelConfig, state_dir: Path, *, cores: int | None = None) -
         input_type=inp.type,
         output_names=[o.name for o in session.get_outputs()],
         metadata=metadata,
+        int8=is_quantized(path),
         concurrency=concurrency,
     )
 

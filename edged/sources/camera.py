@@ -115,7 +115,10 @@ class CameraSource(Source):
                     break
                 if outcome == "end" and self.kind == "file":
                     if self.cfg.stop_at_end:
-                        log.info("source %s: end of file after %d frames", self.cfg.uri, frames)
+                        log.info(
+                            "source %s: end of file after %d frames", self.cfg.uri, frames,
+                            extra={"PIPELINE": self.stats.name},
+                        )  # fmt: skip
                         self.stats.set_state("ended")
                         return
                     if self.cfg.loop and frames:
@@ -132,7 +135,9 @@ class CameraSource(Source):
         self.stats.set_state("reconnecting", f"{self.cfg.uri}: {why}")
         # the first failures in a row are worth a warning; after that the status shows the count
         level = logging.WARNING if logged < 3 else logging.DEBUG
-        log.log(level, "source %s: %s; reconnecting with backoff", self.cfg.uri, why)
+        log.log(
+            level, "source %s: %s; reconnecting with backoff", self.cfg.uri, why, extra={"PIPELINE": self.stats.name}
+        )
         return logged + 1
 
     def _try_open(self) -> tuple[Any, str]:
