@@ -15,7 +15,7 @@ from edged.logs import setup_logging
 from edged.status import EXIT_NOT_RUNNING
 
 log = logging.getLogger("edged")
-TOOLS = ("inspect", "quantize", "validate", "bench", "budget")
+TOOLS = ("inspect", "quantize", "validate", "bench", "budget", "record")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,6 +42,14 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the raw status JSON")
     status.add_argument("--watch", action="store_true", help="refresh in place until Ctrl-C")
     status.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes with --watch")
+
+    rec = sub.add_parser("record", help="save frames from a pipeline's source for quantize --calib / validate --data")
+    rec.add_argument("--config", type=Path, help="config file (default $EDGED_CONFIG or /etc/edged/edged.yaml)")
+    rec.add_argument("--pipeline", help="which pipeline's source (default the first)")
+    rec.add_argument("-o", "--out", type=Path, required=True, help="the .npz to write")
+    rec.add_argument("--frames", type=int, default=200, help="frames to keep (default 200)")
+    rec.add_argument("--every", type=int, default=1, help="keep one frame in this many (default 1)")
+    rec.add_argument("--timeout", type=float, default=120.0, help="give up after this many seconds")
 
     check = sub.add_parser("check-config", help="validate a config file")
     check.add_argument("file", type=Path)

@@ -348,3 +348,27 @@ def test_bench_plot_writes_a_png_with_matplotlib(fp32: Path, tmp_path: Path) -> 
     report = bench_models([fp32], BenchOptions(threads=[1, 2], runs=3, warmup=0, progress=False))
     assert plot_bench(report, tmp_path / "p.png") == f"plot written to {tmp_path / 'p.png'}"
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_record_saves_frames_from_a_pipeline_source_for_calibration(tmp_path: Path) -> None:
+    import numpy as np
+    from conftest import base_config, make_tiny_model, make_video, write_config
+
+    model = make_tiny_model(tmp_path / "tiny.onnx")
+    video = make_video(tmp_path / "v.mp4", 30)
+    cfg = write_config(tmp_path / "edged.yaml", base_config(tmp_path, model, str(video)))
+    out = tmp_path / "calib.npz"
+    res = subprocess.run(
+        [sys.executable, "-m", "edged", "record", "--config", str(cfg), "-o", str(out),
+         "--frames", "10", "--every", "2"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    frames = np.load(out)["frames"]
+    assert frames.shape == (10, 48, 64, 3)
+    assert frames[1, 0, 0, 0] > 200  # frame 2 of the video (every second one kept) is blue (BGR)
+    q = subprocess.run(
+        [sys.executable, "-m", "edged", "quantize", str(model), "-o", str(tmp_path / "q.onnx"), "--calib", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert q.returncode == 0, q.stderr

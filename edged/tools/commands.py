@@ -7,14 +7,21 @@ import logging
 import sys
 from typing import Any
 
-from edged.tools.common import preprocess_overrides, print_json
+from edged.tools.common import preprocess_overrides, print_json, stdout_console
 
 log = logging.getLogger(__name__)
 
 
 def run_tool(args: argparse.Namespace) -> int:
     """Run the tool named by `args.command`; the process exit code."""
-    handlers = {"inspect": _inspect, "quantize": _quantize, "validate": _validate, "bench": _bench, "budget": _budget}
+    handlers = {
+        "inspect": _inspect,
+        "quantize": _quantize,
+        "validate": _validate,
+        "bench": _bench,
+        "budget": _budget,
+        "record": _record,
+    }
     return handlers[args.command](args)
 
 
@@ -142,4 +149,16 @@ def _budget(args: argparse.Namespace) -> int:
     report["edge"]["source"] = edge_from
     report["preset"] = args.preset
     _emit(args, report, render_budget)
+    return 0
+
+
+def _record(args: argparse.Namespace) -> int:
+    from edged.config import default_config_path, load_config  # noqa: PLC0415
+    from edged.tools.record import record  # noqa: PLC0415
+
+    config = load_config(args.config or default_config_path())
+    path = record(
+        config, args.pipeline, args.out, frames=max(1, args.frames), every=max(1, args.every), timeout_s=args.timeout
+    )
+    stdout_console().print(f"wrote {path}: use it as --calib {path} or --data {path}")
     return 0
