@@ -107,6 +107,7 @@ class Publisher(threading.Thread):
         self._failed_rows = False
         self._retry_at = 0.0  # refused rows are sent again from then on
         self._next_stats = 0.0
+        self._props_cache: dict[int, Properties] = {}
         # after a connection dropped with messages in flight, send one at a time until one is
         # acknowledged, so a message that makes the broker hang up every time can be found and set aside
         self._careful = False
@@ -265,15 +266,23 @@ class Publisher(threading.Thread):
         return b"[" + b",".join(r.payload for r in group) + b"]"
 
     def _props(self, group: list[Row]) -> Properties | None:
+        """MQTT 5: content type and expiry. Built once per distinct expiry (to the minute): paho's Properties
+        are dear to build, and the payload already carries pipeline and seq."""
         if self.cfg.protocol != "5":
             return None
-        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-        props.ContentType = "application/json"
+        expiry = 0
         if self.cfg.message_expiry:
             # the message is worth no more than its row: it expires when the spool's TTL would drop it
-            props.MessageExpiryInterval = max(1, int(min(self.spool.remaining_ttl(r) for r in group)))
-        if len(group) == 1:
-            props.UserProperty = [("pipeline", group[0].pipeline), ("seq", str(group[0].seq))]
+            # (rounded down to the minute, so one Properties object serves a whole backlog)
+            remaining = int(min(self.spool.remaining_ttl(r) for r in group))
+            expiry = max(1, remaining - remaining % 60) if remaining >= 60 else max(1, remaining)
+        props = self._props_cache.get(expiry)
+        if props is None:
+            props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+            props.ContentType = "application/json"
+            if expiry:
+                props.MessageExpiryInterval = expiry
+            self._props_cache = {expiry: props}  # one entry: the expiry only counts down
         return props
 
     def _maybe_stats(self, client: paho.Client) -> None:

@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Row", "Spool", "SpoolLimits"]
 
-SEQ_FLOOR_STEP = 10_000  # seq floors are persisted every this many results (see _seq_floor)
+SEQ_FLOOR_STEP = 10_000  # seq floors are persisted every this many results (see _raise_floor)
+CLOCK_SAVE_S = 10.0  # the spool clock reaches the disk this often (a crash loses at most this much TTL)
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,8 @@ class Spool:
         path: Path,
         *,
         sync: str = "normal",
-        batch_max: int = 32,
-        batch_ms: int = 200,
+        batch_max: int = 128,
+        batch_ms: int = 1000,
         queue_max: int = 1024,
         limits: SpoolLimits | None = None,
     ) -> None:
@@ -111,6 +112,7 @@ class Spool:
             self._restore_seqs_after_recovery()
         self._n = _Counters(state["depth"], state["bytes"], state["dead_letters"], state["dropped"])
         self._clock_base = float(state["clock"])
+        self._clock_saved = self._clock_base
         self._mono0 = time.monotonic()
         self.ballast.ensure(self.limits.min_free_bytes)
         if self._n.depth:
@@ -201,7 +203,9 @@ class Spool:
     def fetch(self, after_id: int, limit: int) -> list[Row]:
         """Committed rows with id > after_id, oldest first, skipping rows already acknowledged."""
         with self._cond:
-            skip = set(self._acked)
+            # only acknowledged rows past the cursor are in the way (after a reconnect); while draining,
+            # every acknowledged row is behind it and nothing extra is read
+            skip = {i for i in self._acked if i > after_id}
         with self._rlock:
             rows = spooldb.fetch(self._rconn, after_id, limit + len(skip))
         return [r for r in rows if r.id not in skip][:limit]
@@ -344,7 +348,10 @@ class Spool:
         for r in batch:  # dropped results' seqs too: a seq is never handed out twice
             tops[r.pipeline] = max(tops.get(r.pipeline, 0), r.seq)
         spooldb.save_seqs(conn, tops)
-        spooldb.save_meta(conn, {"clock": clock, "dropped": n.dropped})
+        if n.dropped != self._n.dropped or clock - self._clock_saved >= CLOCK_SAVE_S:
+            # one page fewer per commit: the clock is saved every CLOCK_SAVE_S (flash wear), counters on change
+            spooldb.save_meta(conn, {"clock": clock, "dropped": n.dropped})
+            self._clock_saved = clock
         conn.execute("COMMIT")
         with self._cond:
             self._n = n

@@ -148,7 +148,7 @@ def test_batching_sends_json_arrays_in_seq_order(tmp_path: Path, broker: Broker,
     assert [m["seq"] for a in arrays for m in a] == list(range(1, 13))
 
 
-def test_mqtt5_messages_carry_expiry_content_type_and_seq(tmp_path: Path, broker: Broker) -> None:
+def test_mqtt5_messages_carry_expiry_and_content_type(tmp_path: Path, broker: Broker) -> None:
     got: list[paho.MQTTMessage] = []
     client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
     ready = threading.Event()
@@ -169,8 +169,7 @@ def test_mqtt5_messages_carry_expiry_content_type_and_seq(tmp_path: Path, broker
     spool.close()
     props = got[0].properties
     assert props.ContentType == "application/json"
-    assert 0 < props.MessageExpiryInterval <= 7 * 86400  # the spool's TTL, counted down
-    assert ("seq", "1") in props.UserProperty
+    assert 7 * 86400 - 120 <= props.MessageExpiryInterval <= 7 * 86400  # the spool's TTL, to the minute
 
 
 def test_periodic_stats_message(tmp_path: Path, broker: Broker, subscribe) -> None:
