@@ -1,10 +1,12 @@
 """The publisher: drains the spool to an MQTT broker, oldest first; rows leave the spool on PUBACK only.
 
-All paho calls happen on this one thread (paho is not thread-safe in every path): the thread runs
-paho's network loop itself with `client.loop()`, so callbacks also run here and no application lock
-is held while paho runs. Each connection uses a fresh paho client, so paho's in-memory queue never
-acts as a buffer: after a reconnect everything not yet acknowledged is sent again from the spool
-(same `seq`; subscribers drop duplicates).
+Two threads per connection, the way paho is made to be used: paho's own network thread (`loop_start`)
+does the socket I/O and runs the callbacks; the `edged-mqtt` thread makes every call into paho
+(connect, publish, disconnect) and nothing else does. The state both touch (messages in flight,
+refusals) is guarded by one lock that is never held while calling paho. Reading PUBACKs in parallel
+with publishing is what lets a backlog drain at close to paho's own speed. Each connection uses a
+fresh paho client, so paho's in-memory queue never acts as a buffer: after a reconnect everything not
+yet acknowledged is sent again from the spool (same `seq`; subscribers drop duplicates).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from edged.stats import MqttStats
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 10.0
+HANDOFF_WINDOWS = 4  # rows handed to paho at most: this many in-flight windows (all still in the spool)
 # MQTT 5 DISCONNECT reasons that a message can cause (malformed, protocol error, implementation specific,
 # not authorized, topic name invalid, packet too large, quota exceeded, payload format invalid)
 MESSAGE_FAULTS = {0x81, 0x82, 0x83, 0x87, 0x90, 0x95, 0x97, 0x99}
@@ -53,6 +56,7 @@ class _Conn:
     connected: bool = False
     closed: bool = False
     refused: str | None = None
+    looping: bool = False  # paho's network thread was started
 
 
 class _RateLimit:
@@ -99,6 +103,8 @@ class Publisher(threading.Thread):
         if cfg.tls is not None and cfg.tls.insecure:
             log.warning("mqtt: tls.insecure is set: the broker's host name is NOT checked")
         self._halt = threading.Event()
+        self._wake = threading.Event()  # set by paho's thread: acks, connect, disconnect
+        self._lock = threading.Lock()  # guards what both threads touch; never held while calling paho
         self._drain_deadline: float | None = None
         self._inflight: dict[int, list[int]] = {}  # paho mid -> spool row ids
         self._early: dict[int, Any] = {}  # acks that arrived before publish() returned (QoS 0)
@@ -129,6 +135,7 @@ class Publisher(threading.Thread):
         """Stop after publishing what can go within `grace_s` seconds, then say `offline`."""
         self._drain_deadline = time.monotonic() + grace_s
         self._halt.set()
+        self._wake.set()
 
     # -- the thread ------------------------------------------------------------------------------------
 
@@ -185,9 +192,12 @@ class Publisher(threading.Thread):
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: no plaintext fallback, ever
             self._note_error(f"cannot connect to {self.cfg.host}:{self.cfg.port}: {exc}")
             return None
+        client.loop_start()
+        conn.looping = True
         deadline = time.monotonic() + CONNECT_TIMEOUT_S
         while not conn.connected and not conn.closed and time.monotonic() < deadline and not self._halt.is_set():
-            client.loop(LOOP_TIMEOUT_S)
+            self._wake.wait(LOOP_TIMEOUT_S)
+            self._wake.clear()
         if conn.refused:
             self._note_error(f"broker {self.cfg.host}:{self.cfg.port} refused the connection: {conn.refused}")
         elif not conn.connected:
@@ -196,7 +206,8 @@ class Publisher(threading.Thread):
 
     def _serve(self, conn: _Conn) -> None:
         """Publish while connected; return on disconnect or once drained after a stop request."""
-        self._inflight.clear()
+        with self._lock:
+            self._inflight.clear()
         self._cursor = 0  # everything unacknowledged goes again
         self._seen_commits = -1
         self._next_stats = 0.0
@@ -206,9 +217,8 @@ class Publisher(threading.Thread):
                 return
             self._pump(conn.client)
             self._maybe_stats(conn.client)
-            rc = conn.client.loop(LOOP_TIMEOUT_S)
-            if rc != paho.MQTT_ERR_SUCCESS and conn.connected:
-                self._on_disconnect(conn, rc)
+            self._wake.wait(LOOP_TIMEOUT_S)  # an ack (room in the window), a disconnect, or new rows soon
+            self._wake.clear()
 
     def _drained(self) -> bool:
         deadline = self._drain_deadline or 0.0
@@ -217,40 +227,49 @@ class Publisher(threading.Thread):
             if left:
                 log.warning("mqtt: stop grace period over; %d results stay in the spool for next time", left)
             return True
-        return not self._inflight and self.spool.depth == 0
+        with self._lock:
+            idle = not self._inflight
+        return idle and self.spool.depth == 0
 
     def _pump(self, client: paho.Client) -> None:
-        window = 1 if self._careful else self.cfg.max_inflight
-        room = min(window - len(self._inflight), self._rate.allow())
-        if room <= 0:
-            return
-        if self._failed_rows and not self._inflight and time.monotonic() >= self._retry_at:
-            self._failed_rows = False  # rows the broker refused: send them again from the oldest
+        with self._lock:
+            careful = self._careful
+            # paho sends at most max_inflight unacknowledged; a few windows more wait in its queue, so
+            # its network thread refills the window on each PUBACK without waiting for this thread
+            window = 1 if careful else HANDOFF_WINDOWS * self.cfg.max_inflight
+            room = min(window - len(self._inflight), self._rate.allow())
+            if room <= 0:
+                return
+            retry = self._failed_rows and not self._inflight and time.monotonic() >= self._retry_at
+            if retry:
+                self._failed_rows = False  # rows the broker refused: send them again from the oldest
+        if retry:
             self._cursor = 0
             self._seen_commits = -1
         commits = self.spool.wait_for_commit(self._seen_commits, 0)
         if commits == self._seen_commits:
             return  # nothing new since the last empty fetch
-        rows = self.spool.fetch(self._cursor, room if self._careful else room * self.cfg.batch)
+        rows = self.spool.fetch(self._cursor, room if careful else room * self.cfg.batch)
         if not rows:
             self._seen_commits = commits
             return
-        for group in self._groups(rows):
+        for group in self._groups(rows, careful):
             info = client.publish(group[0].topic, self._payload(group), qos=self.cfg.qos, properties=self._props(group))
             if info.rc != paho.MQTT_ERR_SUCCESS:
                 log.debug("mqtt: publish returned %s; will resend after reconnect", info.rc)
                 return
             self._rate.take(1)
-            self._sent_at = time.monotonic()
             self._cursor = group[-1].id
-            self._inflight[info.mid] = [r.id for r in group]
-            early = self._early.pop(info.mid, None)
-            if early is not None:
+            with self._lock:
+                self._sent_at = time.monotonic()
+                self._inflight[info.mid] = [r.id for r in group]
+                early = self._early.pop(info.mid, None)
+            if early is not None:  # the ack came in before publish() returned
                 self._on_publish(info.mid, early)
 
-    def _groups(self, rows: list[Row]) -> list[list[Row]]:
+    def _groups(self, rows: list[Row], careful: bool) -> list[list[Row]]:
         """Consecutive rows with the same topic, up to `batch` per message."""
-        if self._careful:
+        if careful:
             return [[rows[0]]]
         groups: list[list[Row]] = []
         for row in rows:
@@ -303,29 +322,34 @@ class Publisher(threading.Thread):
             self.stats.connected = True
             self.stats.connects += 1
             self.stats.last_error = None
+        self._wake.set()
 
     def _on_disconnect(self, conn: _Conn, reason: Any) -> None:
         was = conn.connected
         conn.connected = False
         conn.closed = True
-        if was and self._inflight and not self._halt.is_set():
-            if self._careful and self._blames(reason):
-                self._refuse_inflight(f"the broker closed the connection over this message: {reason}")
-            self._careful = True
+        self._wake.set()
+        blamed: list[int] = []
+        with self._lock:
+            if was and self._inflight and not self._halt.is_set():
+                if self._careful and self._blames(reason):
+                    blamed = [i for ids in self._inflight.values() for i in ids]
+                self._careful = True
+        if blamed:
+            self._refuse_rows(blamed, f"the broker closed the connection over this message: {reason}")
         with self.stats.lock:
             self.stats.connected = False
         if was and not self._halt.is_set():
             self._note_error(f"disconnected from {self.cfg.host}:{self.cfg.port}: {reason}")
 
     def _blames(self, reason: Any) -> bool:
-        """Whether a dropped connection is the fault of the one message in flight."""
+        """Whether a dropped connection is the fault of the one message in flight (lock held)."""
         value = getattr(reason, "value", None)
         if self.cfg.protocol == "5" and value is not None:
             return int(value) in MESSAGE_FAULTS
         return time.monotonic() - self._sent_at < BLAME_WINDOW_S
 
-    def _refuse_inflight(self, why: str) -> None:
-        row_ids = [i for ids in self._inflight.values() for i in ids]
+    def _refuse_rows(self, row_ids: list[int], why: str) -> None:
         for row_id in row_ids:
             self.spool.refuse(row_id, why)
         with self.stats.lock:
@@ -334,14 +358,22 @@ class Publisher(threading.Thread):
         log.warning("mqtt: %s (%d result(s); set aside as dead letters if it keeps happening)", why, len(row_ids))
 
     def _on_publish(self, mid: int, reason: Any) -> None:
-        row_ids = self._inflight.pop(mid, None)
-        if row_ids is None:
-            self._early[mid] = reason
-            return
-        if getattr(reason, "is_failure", False):
-            if not self._failed_rows:
-                self._retry_at = time.monotonic() + self._refused_backoff.next_delay()
-            self._failed_rows = True
+        failed = bool(getattr(reason, "is_failure", False))
+        with self._lock:
+            row_ids = self._inflight.pop(mid, None)
+            if row_ids is None:
+                self._early[mid] = reason
+                return
+            if failed:
+                if not self._failed_rows:
+                    self._retry_at = time.monotonic() + self._refused_backoff.next_delay()
+                self._failed_rows = True
+            else:
+                self._careful = False
+                self._refused_backoff.reset()
+        if failed or len(self._inflight) < self.cfg.max_inflight:
+            self._wake.set()  # room for another burst (not on every ack: fewer thread switches)
+        if failed:
             for row_id in row_ids:
                 self.spool.refuse(row_id, str(reason))
             with self.stats.lock:
@@ -350,8 +382,6 @@ class Publisher(threading.Thread):
             log.warning("mqtt: broker refused %d result(s) (%s); they stay in the spool", len(row_ids), reason)
             return
         self.spool.ack(row_ids)
-        self._careful = False
-        self._refused_backoff.reset()
         self.stats.count_published(len(row_ids))
 
     # -- helpers ---------------------------------------------------------------------------------------
@@ -362,17 +392,18 @@ class Publisher(threading.Thread):
             info = client.publish(self.availability_topic, "offline", qos=1, retain=True)
             deadline = time.monotonic() + 1.0
             while conn.connected and not info.is_published() and time.monotonic() < deadline:
-                client.loop(LOOP_TIMEOUT_S)
-        if conn.connected:
-            client.disconnect()
-            client.loop(LOOP_TIMEOUT_S)
+                self._wake.wait(LOOP_TIMEOUT_S)
+        client.disconnect()  # also ends a half-open attempt (no CONNACK)
+        if conn.looping:
+            client.loop_stop()  # joins paho's network thread
         sock = client.socket()
-        if sock is not None:  # a half-open attempt (no CONNACK): drop the TCP connection ourselves
+        if sock is not None:
             sock.close()
         with self.stats.lock:
             self.stats.connected = False
-        self._inflight.clear()
-        self._early.clear()
+        with self._lock:
+            self._inflight.clear()
+            self._early.clear()
 
     def _note_error(self, message: str) -> None:
         with self.stats.lock:

@@ -178,9 +178,9 @@ class Spool:
             if self._closing:
                 raise SpoolError("spool is closed")
             self._pending.append(Pending(pipeline, seq, ts, topic, payload))
-            if self._first_wait is None:
-                self._first_wait = time.monotonic()
-            self._cond.notify_all()
+            if self._first_wait is None or len(self._pending) >= self.batch_max:
+                self._first_wait = self._first_wait or time.monotonic()
+                self._cond.notify_all()  # the batch timer starts, or the batch is full
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything appended (and acknowledged) so far is committed. True when it was."""
@@ -224,9 +224,10 @@ class Spool:
             self._due_soon()
 
     def _due_soon(self) -> None:
+        # wake the writer only to start its batch timer; waking it on every ack costs a thread switch each
         if self._first_wait is None:
             self._first_wait = time.monotonic()
-        self._cond.notify_all()
+            self._cond.notify_all()
 
     def remaining_ttl(self, row: Row) -> float:
         """Seconds until `row` expires (MQTT 5 message expiry)."""

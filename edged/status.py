@@ -74,6 +74,12 @@ class StatusServer(threading.Thread):
                     body = json.dumps(self.snapshot(), separators=(",", ":")).encode() + b"\n"
                     conn.settimeout(2.0)
                     conn.sendall(body)
+                    # whatever the client sent is ignored, but read it: closing with unread data resets the
+                    # connection, and the client could lose the answer
+                    conn.shutdown(socket.SHUT_WR)
+                    conn.settimeout(0.2)
+                    while conn.recv(65536):
+                        pass
                 except (OSError, ValueError) as exc:
                     log.debug("status client went away: %s", exc)
 
@@ -93,6 +99,7 @@ def query(path: Path, timeout: float = 3.0) -> dict[str, Any]:
         sock.settimeout(timeout)
         try:
             sock.connect(str(path))
+            sock.shutdown(socket.SHUT_WR)  # no request: the server answers at once and sees EOF
             chunks = []
             while chunk := sock.recv(65536):
                 chunks.append(chunk)
