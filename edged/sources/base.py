@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,6 +11,10 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from edged.stats import PipelineStats
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -91,10 +96,24 @@ class Source(threading.Thread):
     """A thread that fills a FrameSlot until stopped. Subclasses implement `run`, watch `_halt` and,
     on the way out, close the slot when `_close_slot` says so."""
 
+    cfg: Any  # the source's config model (it has `uri`)
+    stats: PipelineStats
+
     def __init__(self, name: str) -> None:
         super().__init__(name=name, daemon=True)
         self._halt = threading.Event()
         self._close_slot = True
+
+    def _note_failure(self, why: str, logged: int) -> int:
+        """Count a reconnect, show it in the status, log it; returns the failures in a row so far."""
+        self.stats.count_reconnect()
+        self.stats.set_state("reconnecting", f"{self.cfg.uri}: {why}")
+        # the first failures in a row are worth a warning; after that the status shows the count
+        level = logging.WARNING if logged < 3 else logging.DEBUG
+        log.log(
+            level, "source %s: %s; reconnecting with backoff", self.cfg.uri, why, extra={"PIPELINE": self.stats.name}
+        )
+        return logged + 1
 
     def stop(self, *, close_slot: bool = True) -> None:
         """Ask the source to finish (safe to call more than once); it closes its slot on the way out

@@ -130,16 +130,6 @@ class CameraSource(Source):
             if self._close_slot:
                 self.slot.close()
 
-    def _note_failure(self, why: str, logged: int) -> int:
-        self.stats.count_reconnect()
-        self.stats.set_state("reconnecting", f"{self.cfg.uri}: {why}")
-        # the first failures in a row are worth a warning; after that the status shows the count
-        level = logging.WARNING if logged < 3 else logging.DEBUG
-        log.log(
-            level, "source %s: %s; reconnecting with backoff", self.cfg.uri, why, extra={"PIPELINE": self.stats.name}
-        )
-        return logged + 1
-
     def _try_open(self) -> tuple[Any, str]:
         if self.kind == "file" and not Path(str(self.cfg.uri)).is_file():
             return None, "file not found"

@@ -307,13 +307,6 @@ class SensorSource(Source):
             if self._close_slot:
                 self.slot.close()
 
-    def _note_failure(self, why: str, logged: int) -> int:
-        self.stats.count_reconnect()
-        self.stats.set_state("reconnecting", f"{self.cfg.uri}: {why}")
-        level = logging.WARNING if logged < 3 else logging.DEBUG
-        log.log(level, "source %s: %s; reconnecting with backoff", self.cfg.uri, why)
-        return logged + 1
-
     def _read_loop(self, transport: Transport) -> str | None:
         """Read until stopped (None) or the transport ended/failed (the reason)."""
         self.parser.reset()
