@@ -114,6 +114,7 @@ class Publisher(threading.Thread):
         self._retry_at = 0.0  # refused rows are sent again from then on
         self._next_stats = 0.0
         self._props_cache: dict[int, Properties] = {}
+        self._acked_ids: list[int] = []  # acknowledged by the broker, not yet handed to the spool
         # after a connection dropped with messages in flight, send one at a time until one is
         # acknowledged, so a message that makes the broker hang up every time can be found and set aside
         self._careful = False
@@ -215,6 +216,7 @@ class Publisher(threading.Thread):
         while conn.connected:
             if self._halt.is_set() and self._drained():
                 return
+            self._flush_acks()
             self._pump(conn.client)
             self._maybe_stats(conn.client)
             self._wake.wait(LOOP_TIMEOUT_S)  # an ack (room in the window), a disconnect, or new rows soon
@@ -227,6 +229,7 @@ class Publisher(threading.Thread):
             if left:
                 log.warning("mqtt: stop grace period over; %d results stay in the spool for next time", left)
             return True
+        self._flush_acks()
         with self._lock:
             idle = not self._inflight
         return idle and self.spool.depth == 0
@@ -371,6 +374,9 @@ class Publisher(threading.Thread):
             else:
                 self._careful = False
                 self._refused_backoff.reset()
+                # handed to the spool (and counted) by the edged-mqtt thread in batches: the paho thread
+                # only does the network work
+                self._acked_ids.extend(row_ids)
         if failed or len(self._inflight) < self.cfg.max_inflight:
             self._wake.set()  # room for another burst (not on every ack: fewer thread switches)
         if failed:
@@ -381,8 +387,14 @@ class Publisher(threading.Thread):
                 self.stats.last_error = f"broker refused a message: {reason}"
             log.warning("mqtt: broker refused %d result(s) (%s); they stay in the spool", len(row_ids), reason)
             return
-        self.spool.ack(row_ids)
-        self.stats.count_published(len(row_ids))
+
+    def _flush_acks(self) -> None:
+        """Hand the acknowledged rows to the spool (deleted in its next commit) and count them."""
+        with self._lock:
+            acked, self._acked_ids = self._acked_ids, []
+        if acked:
+            self.spool.ack(acked)
+            self.stats.count_published(len(acked))
 
     # -- helpers ---------------------------------------------------------------------------------------
 
@@ -401,6 +413,7 @@ class Publisher(threading.Thread):
             sock.close()
         with self.stats.lock:
             self.stats.connected = False
+        self._flush_acks()  # acks that came in before the connection closed still count
         with self._lock:
             self._inflight.clear()
             self._early.clear()
