@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -12,6 +11,7 @@ import numpy.typing as npt
 from edged.config import ClassifyConfig, DetectConfig, RawConfig
 from edged.errors import ModelError
 from edged.inference.detect import make_detect
+from edged.inference.metadata import metadata_json
 from edged.inference.preprocess import Geometry
 
 LABELS_KEY = "edged.labels"
@@ -35,13 +35,7 @@ def load_labels(path: Path | None, metadata: dict[str, str]) -> list[str] | None
     raw = metadata.get(LABELS_KEY)
     if not raw:
         return None
-    try:
-        labels = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ModelError(f"model metadata {LABELS_KEY!r} is not a JSON list: {exc}") from exc
-    if not isinstance(labels, list):
-        raise ModelError(f"model metadata {LABELS_KEY!r} must be a JSON list of strings")
-    return [str(x) for x in labels]
+    return [str(x) for x in metadata_json(raw, LABELS_KEY, list)]
 
 
 class Classify:

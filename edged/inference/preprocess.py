@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from edged.config import PreprocessConfig
 from edged.errors import ModelError
+from edged.inference.metadata import metadata_json
 
 METADATA_KEY = "edged.preprocess"
 DTYPES: dict[str, type[np.generic]] = {
@@ -83,11 +84,7 @@ class PreprocessSpec:
         values: dict[str, Any] = _infer_from_input(input_shape, input_type)
         raw = metadata.get(METADATA_KEY)
         if raw:
-            try:
-                meta = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise ModelError(f"model metadata {METADATA_KEY!r} is not valid JSON: {exc}") from exc
-            values.update(_checked_metadata(meta))
+            values.update(_checked_metadata(metadata_json(raw, METADATA_KEY, dict)))
         if config is not None:
             values.update({k: v for k, v in config.model_dump().items() if v is not None})
         if "size" not in values:
@@ -120,10 +117,8 @@ class PreprocessSpec:
                 raise ModelError(f"preprocess.{name} has {n} values; give 1 or {self.channels}")
 
 
-def _checked_metadata(meta: object) -> dict[str, Any]:
+def _checked_metadata(meta: dict[str, Any]) -> dict[str, Any]:
     """The model's own preprocessing, held to the same rules as the config (unknown keys ignored)."""
-    if not isinstance(meta, dict):
-        raise ModelError(f"model metadata {METADATA_KEY!r} must be a JSON object")
     known = {k: v for k, v in meta.items() if k in PreprocessConfig.model_fields and v is not None}
     for key in ("mean", "std"):
         if isinstance(known.get(key), int | float):

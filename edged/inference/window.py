@@ -13,7 +13,6 @@ the model's input at start-up, with an error that names the key to fix.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from edged.errors import ModelError
+from edged.inference.metadata import metadata_json
 
 METADATA_KEY = "edged.window"
 LAYOUTS = ("channels_first", "channels_last")
@@ -145,12 +145,7 @@ def _floats(value: Any) -> tuple[float, ...]:
 
 def _checked_metadata(raw: str) -> dict[str, Any]:
     """The model's own windowing, held to the config's rules (unknown keys ignored)."""
-    try:
-        meta = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ModelError(f"model metadata {METADATA_KEY!r} is not valid JSON: {exc}") from exc
-    if not isinstance(meta, dict):
-        raise ModelError(f"model metadata {METADATA_KEY!r} must be a JSON object")
+    meta = metadata_json(raw, METADATA_KEY, dict)
     out: dict[str, Any] = {}
     problems: list[str] = []
     for key in ("window", "hop"):
