@@ -345,6 +345,9 @@ def run_drain_child(role: str, db: Path, port: int, inflight: int) -> dict[str, 
         stop(proc)
     s = sampler.samples or [0.0]
     result |= {"msgs_s": result["n"] / result["seconds"], "rss_start": s[0], "rss_max": max(s), "rss_end": s[-1]}
+    # the highest RSS seen by the end of each quarter of the drain: a backlog held in memory would make it
+    # climb to the end (or start high); one on disk levels off once the caches are warm
+    result["rss_quarters"] = [max(s[: max(1, len(s) * q // 4)]) for q in (1, 2, 3, 4)]
     result["rss_at_max"] = sampler.at_max
     result["rss_at_start"] = sampler.at_start
     return result
@@ -632,6 +635,11 @@ def table(drain: DrainReport | None, steady: dict[str, Any] | None, io: list[dic
         lines.append(f"   edged/bare = {s['ratio']:.2f} (target >= 0.8; per round: {per_round})")
         grow = s["edged"]["rss_max"] - s["edged"]["rss_start"]
         lines.append(f"   edged RSS growth during the drain: {grow:+.1f} MiB (target: flat)")
+        for role in ("edged", "bare"):
+            quarters = [x["rss_quarters"] for x in drain.rounds if x["role"] == role and x.get("rss_quarters")]
+            if quarters:
+                q = " / ".join(f"{v:.1f}" for v in quarters[-1])
+                lines.append(f"   {role} max RSS by the end of each quarter of the drain, last round: {q} MiB")
         last = [x for x in drain.rounds if x["role"] == "edged" and x.get("rss_at_max")]
         if last:
             a, b = last[-1]["rss_at_start"], last[-1]["rss_at_max"]

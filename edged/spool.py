@@ -208,7 +208,7 @@ class Spool:
             skip = {i for i in self._acked if i > after_id}
         with self._rlock:
             rows = spooldb.fetch(self._rconn, after_id, limit + len(skip))
-        return [r for r in rows if r.id not in skip][:limit]
+        return [r for r in rows if r.id not in skip][:limit] if skip else rows
 
     def ack(self, row_ids: list[int]) -> None:
         """The broker acknowledged these rows: delete them in the next commit."""
@@ -229,9 +229,10 @@ class Spool:
             self._first_wait = time.monotonic()
             self._cond.notify_all()
 
-    def remaining_ttl(self, row: Row) -> float:
-        """Seconds until `row` expires (MQTT 5 message expiry)."""
-        return max(0.0, row.clock + self.limits.max_age_s - self.clock())
+    def ttl_offset(self) -> float:
+        """`max_age` minus the spool clock now: a row has `row.clock + ttl_offset()` seconds left to live
+        (MQTT 5 message expiry). One call serves a whole fetch: the publisher adds it to each row's clock."""
+        return self.limits.max_age_s - self.clock()
 
     def wait_for_commit(self, after: int, timeout: float) -> int:
         """Block until a commit newer than `after` happened (or timeout); return the commit counter."""

@@ -12,9 +12,11 @@ import paho.mqtt.client as paho
 import pytest
 from conftest import Broker, wait_for
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from edged.config import MqttConfig
-from edged.mqtt import Publisher, topic_for
+from edged.mqtt import PackedProperties, Publisher, topic_for
 from edged.spool import Spool
 from edged.stats import MqttStats
 
@@ -170,6 +172,18 @@ def test_mqtt5_messages_carry_expiry_and_content_type(tmp_path: Path, broker: Br
     props = got[0].properties
     assert props.ContentType == "application/json"
     assert 7 * 86400 - 120 <= props.MessageExpiryInterval <= 7 * 86400  # the spool's TTL, to the minute
+
+
+@pytest.mark.parametrize("expiry", [0, 3600])
+def test_packed_properties_pack_as_paho_would(expiry: int) -> None:
+    plain = Properties(PacketTypes.PUBLISH)
+    plain.ContentType = "application/json"
+    if expiry:
+        plain.MessageExpiryInterval = expiry
+    packed = PackedProperties(content_type="application/json", expiry=expiry)
+    assert packed.pack() == plain.pack()
+    assert packed.pack() is packed.pack()  # packed once, not per message
+    assert packed.ContentType == "application/json"
 
 
 def test_periodic_stats_message(tmp_path: Path, broker: Broker, subscribe) -> None:
