@@ -289,11 +289,11 @@ class Publisher(threading.Thread):
 
     def _publish_rows(self, client: paho.Client, groups: list[list[Row]], sent: list[tuple[int, list[int]]]) -> None:
         """Hand the groups to paho, one message each, recording (mid, row ids) in `sent`."""
-        qos, ttl_offset = self.cfg.qos, self.spool.ttl_offset()
+        qos, ttl_offset, publish = self.cfg.qos, self.spool.ttl_offset(), client.publish
         for group in groups:
             first = group[0]
             props = self._props(first.clock + ttl_offset)  # the oldest row of a group expires first
-            info = client.publish(first.topic, self._payload(group), qos=qos, properties=props)
+            info = publish(first.topic, self._payload(group), qos=qos, properties=props)
             if info.rc != paho.MQTT_ERR_SUCCESS:
                 log.debug("mqtt: publish returned %s; will resend after reconnect", info.rc)
                 return

@@ -91,6 +91,7 @@ class Spool:
         self._acks: list[int] = []
         self._refusals: dict[int, str] = {}
         self._acked: set[int] = set()  # acknowledged, delete not yet committed
+        self._acked_max = 0  # at least the highest id in _acked (0 when it is empty)
         self._first_wait: float | None = None
         self._writing = False  # the writer holds a batch it has not committed yet
         self._forced = 0  # flush() calls waiting
@@ -205,7 +206,7 @@ class Spool:
         with self._cond:
             # only acknowledged rows past the cursor are in the way (after a reconnect); while draining,
             # every acknowledged row is behind it and nothing extra is read
-            skip = {i for i in self._acked if i > after_id}
+            skip = {i for i in self._acked if i > after_id} if self._acked_max > after_id else set()
         with self._rlock:
             rows = spooldb.fetch(self._rconn, after_id, limit + len(skip))
         return [r for r in rows if r.id not in skip][:limit] if skip else rows
@@ -215,6 +216,8 @@ class Spool:
         with self._cond:
             self._acks.extend(row_ids)
             self._acked.update(row_ids)
+            if row_ids:
+                self._acked_max = max(self._acked_max, *row_ids)
             self._due_soon()
 
     def refuse(self, row_id: int, reason: str) -> None:
@@ -326,6 +329,8 @@ class Spool:
                 delay = min(delay * 2, 5.0)
         with self._cond:
             self._acked.difference_update(acks)
+            if not self._acked:
+                self._acked_max = 0
             self._writing = False
             self._cond.notify_all()
         with self._committed:

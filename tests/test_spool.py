@@ -84,7 +84,9 @@ def test_fetch_is_oldest_first_and_ack_removes_only_acked_rows(tmp_path: Path) -
     spool.ack([rows[0].id, rows[2].id])
     assert [r.seq for r in spool.fetch(0, 10)] == [2, 4, 5]  # acked rows are not sent again
     assert [r.seq for r in spool.fetch(rows[1].id, 10)] == [4, 5]
+    assert [r.seq for r in spool.fetch(rows[2].id, 10)] == [4, 5]  # every acked row behind the cursor
     spool.flush()
+    assert [r.seq for r in spool.fetch(0, 10)] == [2, 4, 5]
     assert spool.depth == 3
     assert spool.stats()["depth"] == 3
     spool.close()
