@@ -263,8 +263,9 @@ class Publisher(threading.Thread):
             careful = self._careful
             # paho sends at most max_inflight unacknowledged; the rest of a burst waits in its queue, and its
             # network thread sends the next one on each PUBACK without waiting for this thread (whose turns
-            # at the GIL would slow it down: few, large bursts are cheaper than many small ones)
-            window = 1 if careful else max(2 * self.cfg.max_inflight, HANDOFF_RESULTS // self.cfg.batch)
+            # at the GIL would slow it down: few, large bursts are cheaper than many small ones). With
+            # batching the bound counts results: big messages need no long queue, and each one costs memory.
+            window = 1 if careful else max(self.cfg.max_inflight + 1, HANDOFF_RESULTS // self.cfg.batch)
             room = min(window - len(self._inflight), self._rate.allow())
             if room <= 0:
                 return
