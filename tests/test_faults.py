@@ -60,6 +60,13 @@ def daemon_config(tmp_path: Path, setup: tuple[Path, Path], broker: Broker, **mq
     return write_config(tmp_path / "edged.yaml", cfg), cfg["device_id"]
 
 
+def check_all_arrived(sub: Any, state_dir: Path, timeout: float = 15.0) -> int:
+    """Wait until every committed result reached the subscriber, then check delivery; the duplicates."""
+    top = committed_top(state_dir)
+    wait_for(lambda: len({m["seq"] for m in sub.results()}) >= top, timeout, "every result at the subscriber")
+    return check_delivery(sub.results(), top)
+
+
 def drain_and_stop(daemon: Any, state_dir: Path) -> None:
     """Let the running daemon catch up with its backlog, then stop it cleanly."""
     wait_for(lambda: (s := daemon.status()) and s["mqtt"]["connected"], 30, "the daemon connected")
@@ -81,8 +88,7 @@ def test_kill_9_at_random_points_loses_nothing_committed(
         time.sleep(rng.uniform(0.05, 0.8))  # a random point while it produces and publishes
         daemon.stop(signal.SIGKILL)
     drain_and_stop(start_daemon(config), tmp_path / "state")
-    wait_for(lambda: len({m["seq"] for m in sub.results()}) >= committed_top(tmp_path / "state"), 10, "arrivals")
-    duplicates = check_delivery(sub.results(), committed_top(tmp_path / "state"))
+    duplicates = check_all_arrived(sub, tmp_path / "state", timeout=10)
     # only what was in flight at a kill goes twice: at most the in-flight window per kill
     assert duplicates <= 10 * 32
 
@@ -105,11 +111,8 @@ def test_broker_down_then_flapping_every_second_or_two(
         own_broker.stop()
         time.sleep(rng.uniform(0.2, 1.0))
         own_broker.start()
-    wait_for(lambda: (s := daemon.status()) and s["mqtt"]["connected"], 30, "reconnected")
-    drain_and_stop(daemon, tmp_path / "state")
-    top = committed_top(tmp_path / "state")
-    wait_for(lambda: len({m["seq"] for m in sub.results()}) >= top, 15, "every result at the subscriber")
-    check_delivery(sub.results(), top)
+    drain_and_stop(daemon, tmp_path / "state")  # waits for the reconnect first
+    check_all_arrived(sub, tmp_path / "state")
 
 
 def test_broker_losing_its_session_gets_every_unacknowledged_row_again(
@@ -128,11 +131,8 @@ def test_broker_losing_its_session_gets_every_unacknowledged_row_again(
     time.sleep(0.5)
     own_broker.start()
     wait_for(sub.subscribed.is_set, 10, "the subscriber back")
-    wait_for(lambda: (s := daemon.status()) and s["mqtt"]["connected"], 30, "the daemon back")
-    drain_and_stop(daemon, tmp_path / "state")
-    top = committed_top(tmp_path / "state")
-    wait_for(lambda: len({m["seq"] for m in sub.results()}) >= top, 15, "every result at the subscriber")
-    check_delivery(sub.results(), top)
+    drain_and_stop(daemon, tmp_path / "state")  # waits for the daemon to be back first
+    check_all_arrived(sub, tmp_path / "state")
 
 
 def test_a_message_the_broker_always_rejects_is_dead_lettered_and_the_rest_flows(

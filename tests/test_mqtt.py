@@ -31,6 +31,13 @@ def fill(spool: Spool, device: str, n: int, pipeline: str = "cam0") -> None:
     assert spool.flush()
 
 
+def stop_publisher(pub: Publisher, grace_s: float) -> None:
+    """Ask the publisher to stop (publishing for up to `grace_s` first); its thread must end within 10 s."""
+    pub.request_stop(grace_s)
+    pub.join(10)
+    assert not pub.is_alive()
+
+
 def make(tmp_path: Path, broker: Broker, **kw: object) -> tuple[Spool, Publisher, MqttStats, str]:
     device = f"pub-{tmp_path.name[-20:].replace('_', '-')}"
     spool = Spool(tmp_path / "s.db", batch_ms=10)
@@ -55,9 +62,7 @@ def test_every_row_is_delivered_in_seq_order_and_deleted_after_puback(
     assert [m["seq"] for m in sub.results()] == list(range(1, 201))
     assert stats.published == 200
     assert sub.payloads(f"edged/{device}/status")[0] == (b"online", False)
-    pub.request_stop(2.0)
-    pub.join(10)
-    assert not pub.is_alive()
+    stop_publisher(pub, 2.0)
     wait_for(lambda: (b"offline", False) in sub.payloads(f"edged/{device}/status"), 5, "offline on stop")
     spool.flush()
     assert spool.stats()["depth"] == 0
@@ -81,8 +86,7 @@ def test_broker_absent_at_start_then_started_everything_arrives(tmp_path: Path, 
     wait_for(lambda: spool.depth == 0, 30, "the spool to drain")
     wait_for(lambda: len({m["seq"] for m in sub.results()}) == 100, 10, "all 100 at the subscriber")
     assert stats.connected
-    pub.request_stop(1.0)
-    pub.join(10)
+    stop_publisher(pub, 1.0)
     spool.close()
 
 
@@ -103,8 +107,7 @@ def test_broker_restart_resends_unacknowledged_rows(tmp_path: Path, own_broker: 
     wait_for(lambda: spool.depth == 0, 30, "backlog drained after the broker came back")
     wait_for(lambda: len({m["seq"] for m in sub.results()}) == 50, 10, "all 50 at the subscriber")
     assert sorted({m["seq"] for m in sub.results()}) == list(range(1, 51))
-    pub.request_stop(1.0)
-    pub.join(10)
+    stop_publisher(pub, 1.0)
     spool.close()
 
 
@@ -121,8 +124,7 @@ def test_a_refused_publish_keeps_the_row(tmp_path: Path, own_broker: Broker) -> 
     assert spool.depth == 3
     assert "Not authorized" in (stats.last_error or "")
     assert stats.published == 0
-    pub.request_stop(0.2)
-    pub.join(10)
+    stop_publisher(pub, 0.2)
     spool.close()
 
 
@@ -130,9 +132,7 @@ def test_publisher_thread_stops_promptly_while_the_broker_is_absent(tmp_path: Pa
     spool, pub, stats, _ = make(tmp_path, own_broker)
     pub.start()
     wait_for(lambda: stats.last_error, 10, "a failed connect")
-    pub.request_stop(600.0)
-    pub.join(10)
-    assert not pub.is_alive()  # it does not sit out the grace period with nobody to talk to
+    stop_publisher(pub, 600.0)  # it does not sit out the grace period with nobody to talk to
     assert pub.name == "edged-mqtt"
     spool.close()
 
@@ -143,8 +143,7 @@ def test_batching_sends_json_arrays_in_seq_order(tmp_path: Path, broker: Broker,
     fill(spool, device, 12)
     pub.start()
     wait_for(lambda: spool.depth == 0, 20, "drained")
-    pub.request_stop(1.0)
-    pub.join(10)
+    stop_publisher(pub, 1.0)
     spool.close()
     arrays = [json.loads(p) for p, _ in sub.payloads(f"edged/{device}/cam0/results")]
     assert [len(a) for a in arrays] == [5, 5, 2]
@@ -165,8 +164,7 @@ def test_mqtt5_messages_carry_expiry_and_content_type(tmp_path: Path, broker: Br
     fill(spool, device, 1)
     pub.start()
     wait_for(lambda: got, 10, "a message")
-    pub.request_stop(1.0)
-    pub.join(10)
+    stop_publisher(pub, 1.0)
     client.loop_stop()
     client.disconnect()
     spool.close()
@@ -213,8 +211,7 @@ def test_periodic_stats_message(tmp_path: Path, broker: Broker, subscribe) -> No
     sub = subscribe(broker, "edged/statsdev/stats")
     pub.start()
     wait_for(lambda: len(sub.payloads("edged/statsdev/stats")) >= 2, 10, "two stats messages")
-    pub.request_stop(1.0)
-    pub.join(10)
+    stop_publisher(pub, 1.0)
     spool.close()
     body = json.loads(sub.payloads("edged/statsdev/stats")[-1][0])
     assert body["device"] == "statsdev"
@@ -256,8 +253,7 @@ def test_username_and_password_from_a_file_or_a_systemd_credential(
     fill(spool, device, 3)
     pub.start()
     wait_for(lambda: spool.depth == 0, 10, "delivery with credentials")
-    pub.request_stop(1.0)
-    pub.join(10)
+    stop_publisher(pub, 1.0)
     spool.close()
     assert stats.published == 3
 
@@ -274,8 +270,7 @@ def test_a_wrong_password_is_reported_and_nothing_is_lost(tmp_path: Path, own_br
     fill(spool, device, 2)
     pub.start()
     wait_for(lambda: stats.last_error and "refused the connection" in stats.last_error, 10, "a refusal")
-    pub.request_stop(0.5)
-    pub.join(10)
+    stop_publisher(pub, 0.5)
     assert "wrong" not in (stats.last_error or "")  # never a secret in messages
     assert spool.depth == 2
     spool.close()
