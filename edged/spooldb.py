@@ -10,7 +10,6 @@ import json
 import logging
 import sqlite3
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -45,6 +44,7 @@ CREATE TABLE IF NOT EXISTS dead_letters (
 );
 """
 SIDE_FILES = ("-wal", "-shm")
+LOCK_WAIT_S = 60.0  # a spool another process holds locked is waited for this long at start
 SQLITE_FULL = 13  # sqlite3.SQLITE_FULL from Python 3.11 on
 
 
@@ -61,22 +61,15 @@ class Row(NamedTuple):
     clock: float
     topic: str
     payload: bytes
-
-
-@dataclass(frozen=True)
-class Pending:
-    """A result waiting for the next commit."""
-
-    pipeline: str
-    seq: int
-    ts: float
-    topic: str
-    payload: bytes
+    tries: int = 0  # refusals by the broker so far
 
 
 def connect(path: Path, sync: str) -> sqlite3.Connection:
     """Open (creating) the database in WAL mode with the schema; raises sqlite3.Error."""
     conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+    # a new file gives deleted pages back to the filesystem on request (see reclaim): a drained backlog
+    # must not keep the disk full (an existing file keeps its mode; VACUUM would rewrite it whole)
+    conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={'FULL' if sync == 'full' else 'NORMAL'}")
     # checkpoint every 500 pages (2 MB of WAL): big enough that a row acknowledged soon after it was
@@ -89,16 +82,21 @@ def connect(path: Path, sync: str) -> sqlite3.Connection:
     return conn
 
 
-def open_checked(path: Path, sync: str) -> tuple[sqlite3.Connection, Path | None]:
+def open_checked(
+    path: Path, sync: str, *, check: bool = True, lock_wait_s: float = LOCK_WAIT_S
+) -> tuple[sqlite3.Connection, Path | None]:
     """Open the spool; a database failing its integrity check is moved aside and a fresh one started.
 
-    Returns the connection and, after a recovery, where the damaged files were moved.
+    `check=False` skips the integrity check (after a clean stop: reading a million-row file costs
+    seconds). A database that another process holds locked is waited for, up to `lock_wait_s`, and then
+    refused with SpoolError: a busy database is not a damaged one. Returns the connection and, after a
+    recovery, where the damaged files were moved.
     """
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
     except OSError as exc:
         raise SpoolError(f"cannot create {path.parent}: {exc.strerror}; check that state_dir is writable") from exc
-    problem = _check(path, sync) if path.exists() else None
+    problem = _check(path, sync, lock_wait_s) if path.exists() and check else None
     moved: Path | None = None
     if problem is not None:
         moved = _move_aside(path)
@@ -115,16 +113,44 @@ def open_checked(path: Path, sync: str) -> tuple[sqlite3.Connection, Path | None
         ) from exc
 
 
-def _check(path: Path, sync: str) -> str | None:
-    try:
-        conn = connect(path, sync)
-        try:
-            result = [r[0] for r in conn.execute("PRAGMA quick_check")]
-        finally:
-            conn.close()
-    except sqlite3.DatabaseError as exc:
-        return str(exc)
+def integrity_problem(conn: sqlite3.Connection) -> str | None:
+    """None when `PRAGMA quick_check` is happy, else what it found (first three lines)."""
+    result = [r[0] for r in conn.execute("PRAGMA quick_check")]
     return None if result == ["ok"] else "; ".join(result[:3])
+
+
+def _check(path: Path, sync: str, lock_wait_s: float) -> str | None:
+    deadline = time.monotonic() + lock_wait_s
+    warned = False
+    while True:
+        try:
+            conn = connect(path, sync)
+            try:
+                problem = integrity_problem(conn)
+            finally:
+                conn.close()
+        except sqlite3.OperationalError as exc:
+            if not is_busy(exc):
+                return str(exc)
+            if time.monotonic() >= deadline:
+                raise SpoolError(
+                    f"spool {path} is locked by another process ({exc}) for {lock_wait_s:.0f} s; "
+                    "it is left as it is: stop whatever holds it (another edged? a backup?) and start again"
+                ) from exc
+            if not warned:
+                log.warning("spool %s is locked by another process (%s); waiting up to %.0f s", path, exc, lock_wait_s)
+                warned = True
+            time.sleep(0.5)
+            continue
+        except sqlite3.DatabaseError as exc:
+            return str(exc)
+        return problem
+
+
+def is_busy(exc: sqlite3.Error) -> bool:
+    """SQLITE_BUSY / SQLITE_LOCKED: another connection holds a lock; waiting helps, moving the file aside does not."""
+    code = getattr(exc, "sqlite_errorcode", None) or 0
+    return code & 0xFF in (5, 6) or "locked" in str(exc).lower() or "busy" in str(exc).lower()
 
 
 def _move_aside(path: Path) -> Path:
@@ -138,50 +164,82 @@ def _move_aside(path: Path) -> Path:
     return target
 
 
-def salvage_seqs(damaged: Path) -> dict[str, int]:
-    """Best effort: the sequence numbers a damaged spool still shows (so seq never goes back)."""
-    out: dict[str, int] = {}
+def salvage(damaged: Path) -> tuple[dict[str, int], int, dict[str, int]]:
+    """Best effort, from a damaged spool: its seqs (so seq never goes back), how many results it still
+    held (counted as dropped: `quarantined`) and its drop counters (so they survive)."""
+    seqs: dict[str, int] = {}
+    unsent = 0
+    dropped: dict[str, int] = {}
     with contextlib.suppress(sqlite3.Error):
         conn = sqlite3.connect(f"file:{damaged}?mode=ro", uri=True)
         try:
             for query in ("SELECT pipeline, last FROM seqs", "SELECT pipeline, MAX(seq) FROM results GROUP BY 1"):
-                with contextlib.suppress(sqlite3.Error):
+                with contextlib.suppress(sqlite3.Error, TypeError, ValueError):
                     for pipeline, top in conn.execute(query):
-                        out[pipeline] = max(out.get(pipeline, 0), int(top))
+                        seqs[pipeline] = max(seqs.get(pipeline, 0), int(top))
+            with contextlib.suppress(sqlite3.Error, TypeError, ValueError):
+                unsent = int(conn.execute("SELECT COUNT(*) FROM results").fetchone()[0])
+            with contextlib.suppress(sqlite3.Error, TypeError, ValueError):
+                row = conn.execute("SELECT value FROM meta WHERE key = 'dropped'").fetchone()
+                dropped = {str(k): int(v) for k, v in json.loads(row[0]).items()} if row else {}
         finally:
             conn.close()
-    return out
+    return seqs, unsent, dropped
 
 
 # -- reading state at start-up -------------------------------------------------------------------------
 
 
 def load_state(conn: sqlite3.Connection) -> dict[str, Any]:
-    """Sequence numbers, depth/bytes, dead letters, the persisted clock and drop counters."""
+    """Sequence numbers, depth/bytes, dead letters, the persisted clock, drop counters, the next row id.
+
+    O(1) in the backlog: depth, bytes and dead letters are kept in `meta` by every commit. A file from
+    an older edged (no `counts`) is counted once, by a scan.
+    """
     seqs = {p: int(last) for p, last in conn.execute("SELECT pipeline, last FROM seqs")}
-    for p, top in conn.execute("SELECT pipeline, MAX(seq) FROM results GROUP BY pipeline"):
-        seqs[p] = max(seqs.get(p, 0), int(top))
-    depth, size = conn.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM results").fetchone()
-    (dead,) = conn.execute("SELECT COUNT(*) FROM dead_letters").fetchone()
     meta = dict(conn.execute("SELECT key, value FROM meta"))
+    if "counts" in meta:
+        depth, size, dead = json.loads(meta["counts"])
+    else:
+        for p, top in conn.execute("SELECT pipeline, MAX(seq) FROM results GROUP BY pipeline"):
+            seqs[p] = max(seqs.get(p, 0), int(top))
+        depth, size = conn.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM results").fetchone()
+        (dead,) = conn.execute("SELECT COUNT(*) FROM dead_letters").fetchone()
+    top_ids = [
+        conn.execute("SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name = 'results'").fetchone()[0],
+        conn.execute("SELECT COALESCE(MAX(id), 0) FROM results").fetchone()[0],
+        conn.execute("SELECT COALESCE(MAX(id), 0) FROM dead_letters").fetchone()[0],
+    ]
     return {
         "seqs": seqs,
         "depth": int(depth),
         "bytes": int(size),
         "dead_letters": int(dead),
-        "clock": float(meta.get("clock", 0.0)),
+        "clock": float(json.loads(meta.get("clock", "0"))),
         "dropped": json.loads(meta.get("dropped", "{}")),
+        "gaps": json.loads(meta.get("seq_gaps", "[]")),
+        "next_id": max(int(t) for t in top_ids) + 1,
     }
 
 
 # -- the statements of one commit ------------------------------------------------------------------------
 
 
-def insert(conn: sqlite3.Connection, rows: list[Pending], clock: float) -> None:
-    """Add results."""
+INSERT = "INSERT INTO results (id, pipeline, seq, ts, clock, topic, payload, tries) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+
+
+def insert(conn: sqlite3.Connection, rows: list[Row]) -> None:
+    """Add results, with the ids the outbox gave them."""
+    conn.executemany(INSERT, rows)
+
+
+def insert_dead(conn: sqlite3.Connection, rows: list[tuple[Row, str]]) -> None:
+    """Results refused enough times before they were ever committed: straight to dead_letters."""
+    now = time.time()
     conn.executemany(
-        "INSERT INTO results (pipeline, seq, ts, clock, topic, payload) VALUES (?, ?, ?, ?, ?, ?)",
-        [(r.pipeline, r.seq, r.ts, clock, r.topic, r.payload) for r in rows],
+        "INSERT OR REPLACE INTO dead_letters (id, pipeline, seq, ts, topic, payload, tries, reason, dead_ts) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [(r.id, r.pipeline, r.seq, r.ts, r.topic, r.payload, r.tries, why, now) for r, why in rows],
     )
 
 
@@ -208,7 +266,6 @@ SIZE_OF_IDS = (
     "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM results WHERE id IN (SELECT value FROM json_each(?))"
 )
 DELETE_IDS = "DELETE FROM results WHERE id IN (SELECT value FROM json_each(?))"
-REFUSED_ENOUGH = "SELECT id FROM results WHERE id IN (SELECT value FROM json_each(?)) AND tries >= ?"
 
 
 def delete_ids(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int]:
@@ -221,64 +278,73 @@ def delete_ids(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int]:
     return int(count), int(size)
 
 
-def expire(conn: sqlite3.Connection, before_clock: float) -> tuple[int, int]:
-    """Delete rows created before `before_clock` (spool clock); (rows, bytes).
+EXPIRE_MAX = 5000  # rows one commit expires at most: the rest go in the next ones (a bounded transaction)
 
-    Rows are inserted in clock order, so the oldest row (by id, the primary key) tells in O(1) whether
-    anything expired; the scan runs only then.
+
+def expire(conn: sqlite3.Connection, before_clock: float, keep: set[int]) -> tuple[list[int], int]:
+    """Delete rows created before `before_clock` (spool clock), oldest first; (ids, bytes).
+
+    Rows are created in clock order, so the walk starts at the oldest row (by id, the primary key) and
+    stops at the first one still alive: the cost is the rows expired, never the backlog.
     """
-    oldest = conn.execute("SELECT clock FROM results ORDER BY id LIMIT 1").fetchone()
-    if oldest is None or float(oldest[0]) >= before_clock:
-        return 0, 0
-    count, size = conn.execute(
-        "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM results WHERE clock < ?", (before_clock,)
-    ).fetchone()
-    if count:
-        conn.execute("DELETE FROM results WHERE clock < ?", (before_clock,))
-    return int(count), int(size)
+    ids: list[int] = []
+    size = 0
+    cur = conn.execute("SELECT id, clock, LENGTH(payload) FROM results ORDER BY id LIMIT ?", (EXPIRE_MAX,))
+    for row_id, clock, length in cur:
+        if float(clock) >= before_clock:
+            break
+        if row_id in keep:
+            continue
+        ids.append(int(row_id))
+        size += int(length)
+    cur.close()
+    if ids:
+        conn.execute(DELETE_IDS, (json.dumps(ids),))
+    return ids, size
 
 
-def evict_oldest(conn: sqlite3.Connection, need_bytes: int, keep: set[int]) -> tuple[int, int]:
-    """Delete the oldest rows until at least `need_bytes` of payload are freed; (rows, bytes)."""
+def evict_oldest(conn: sqlite3.Connection, need_bytes: int, keep: set[int]) -> tuple[list[int], int]:
+    """Delete the oldest rows until at least `need_bytes` of payload are freed; (ids, bytes)."""
     ids: list[int] = []
     freed = 0
-    for row_id, size in conn.execute("SELECT id, LENGTH(payload) FROM results ORDER BY id"):
+    cur = conn.execute("SELECT id, LENGTH(payload) FROM results ORDER BY id")
+    for row_id, size in cur:
         if freed >= need_bytes:
             break
         if row_id in keep:
             continue
         ids.append(int(row_id))
         freed += int(size)
-    return delete_ids(conn, ids)
+    cur.close()
+    _, size = delete_ids(conn, ids)
+    return ids, size
 
 
-def refuse(conn: sqlite3.Connection, refusals: dict[int, str], limit: int) -> list[int]:
-    """Count broker refusals; rows refused `limit` times are copied to dead_letters; their ids (the
-    caller deletes them from results with `delete_ids`)."""
-    if not refusals:
-        return []
-    conn.executemany("UPDATE results SET tries = tries + 1 WHERE id = ?", [(i,) for i in refusals])
-    dead = [
-        (int(i), refusals[int(i)])
-        for (i,) in conn.execute(
-            REFUSED_ENOUGH,
-            (json.dumps(list(refusals)), limit),
-        )
-    ]
+def save_tries(conn: sqlite3.Connection, tries: dict[int, int]) -> None:
+    """Persist the broker's refusals per row (counted in memory the moment they happen)."""
+    conn.executemany("UPDATE results SET tries = ? WHERE id = ?", [(t, i) for i, t in tries.items()])
+
+
+def move_to_dead_letters(conn: sqlite3.Connection, dead: dict[int, str], tries: int) -> list[int]:
+    """Copy committed rows to dead_letters (refused `tries` times); the ids that were there (the caller
+    deletes them from results with `delete_ids`)."""
     now = time.time()
-    for row_id, reason in dead:
-        conn.execute(
-            "INSERT INTO dead_letters (id, pipeline, seq, ts, topic, payload, tries, reason, dead_ts) "
-            "SELECT id, pipeline, seq, ts, topic, payload, tries, ?, ? FROM results WHERE id = ?",
-            (reason, now, row_id),
+    moved = []
+    for row_id, reason in dead.items():
+        cur = conn.execute(
+            "INSERT OR REPLACE INTO dead_letters (id, pipeline, seq, ts, topic, payload, tries, reason, dead_ts) "
+            "SELECT id, pipeline, seq, ts, topic, payload, MAX(tries, ?), ?, ? FROM results WHERE id = ?",
+            (tries, reason, now, row_id),
         )
-    return [row_id for row_id, _ in dead]
+        if cur.rowcount:
+            moved.append(row_id)
+    return moved
 
 
 def fetch(conn: sqlite3.Connection, after_id: int, limit: int) -> list[Row]:
     """Rows with id > after_id, oldest first."""
     cur = conn.execute(
-        "SELECT id, pipeline, seq, ts, clock, topic, payload FROM results WHERE id > ? ORDER BY id LIMIT ?",
+        "SELECT id, pipeline, seq, ts, clock, topic, payload, tries FROM results WHERE id > ? ORDER BY id LIMIT ?",
         (after_id, limit),
     )
     return list(map(Row._make, cur))  # column types are as stored: INTEGER, TEXT, REAL, BLOB (bytes)
@@ -288,3 +354,16 @@ def is_disk_full(exc: sqlite3.Error) -> bool:
     """SQLITE_FULL (or an I/O error caused by it)."""
     code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11
     return code == SQLITE_FULL or "full" in str(exc).lower()
+
+
+def space(conn: sqlite3.Connection) -> tuple[int, int]:
+    """(file bytes, reusable bytes: pages on SQLite's freelist) of the main database file."""
+    page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    pages = int(conn.execute("PRAGMA page_count").fetchone()[0])
+    free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+    return pages * page, free * page
+
+
+def reclaim(conn: sqlite3.Connection, pages: int) -> None:
+    """Give up to `pages` freelist pages back to the filesystem (auto_vacuum=INCREMENTAL files only)."""
+    conn.execute(f"PRAGMA incremental_vacuum({int(pages)})").fetchall()

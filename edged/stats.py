@@ -161,15 +161,38 @@ class MqttStats:
     last_publish_ts: float | None = None
     last_error: str | None = None
     connects: int = 0
+    connected_mono: float | None = None  # when the current connection came up
+    last_ack_mono: float | None = None  # when the broker last acknowledged a result
     _acks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=256), repr=False)
+    _e2e: dict[str, deque[float]] = field(default_factory=dict, repr=False)  # capture -> PUBACK, ms
 
-    def count_published(self, n: int) -> None:
-        """`n` results were acknowledged by the broker."""
+    def count_published(self, n: int, stamps: list[tuple[str, float]] | None = None) -> None:
+        """`n` results were acknowledged by the broker; `stamps`: (pipeline, capture time) of each."""
         now = time.monotonic()
+        wall = time.time()
         with self.lock:
             self.published += n
-            self.last_publish_ts = time.time()
+            self.last_publish_ts = wall
+            self.last_ack_mono = now
             self._acks.append((now, n))
+            for pipeline, ts in stamps or ():
+                window = self._e2e.get(pipeline)
+                if window is None:
+                    window = self._e2e[pipeline] = deque(maxlen=WINDOW)
+                window.append(max(0.0, (wall - ts) * 1e3))
+
+    def e2e(self, pipeline: str) -> dict[str, float]:
+        """Capture-to-PUBACK latency of a pipeline's recent results: p50/p95/p99 in ms."""
+        with self.lock:
+            return percentiles(self._e2e.get(pipeline, deque()))
+
+    def ack_stalled_s(self) -> float:
+        """Seconds the current connection has gone without an acknowledgement (0 when not connected)."""
+        with self.lock:
+            if not self.connected or self.connected_mono is None:
+                return 0.0
+            since = max(self.connected_mono, self.last_ack_mono or 0.0)
+            return time.monotonic() - since
 
     def rate(self, window_s: float = 10.0) -> float:
         """Acknowledged results per second over the last `window_s` (call with the lock held)."""
@@ -189,4 +212,5 @@ class MqttStats:
                 "last_publish_ts": self.last_publish_ts,
                 "last_error": self.last_error,
                 "connects": self.connects,
+                "latency_ms": percentiles(deque(v for w in self._e2e.values() for v in w)),
             }

@@ -17,6 +17,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from edged.config import MqttConfig
+from edged.inflight import Message
 from edged.mqtt import PackedProperties, Publisher, topic_for
 from edged.spool import Spool
 from edged.stats import MqttStats
@@ -193,12 +194,12 @@ def test_an_early_ack_of_another_message_is_never_taken_for_a_later_one(tmp_path
     pub = Publisher(MqttConfig.model_validate({"host": "127.0.0.1"}), "dev", spool, MqttStats())
     success = ReasonCode(PacketTypes.PUBACK, "Success")
     pub._on_publish(7, success)  # e.g. the stats message, mid 7
-    pub._register([(3, [1])])  # a burst of rows: mid 3 is row 1
-    pub._register([(7, [2])])  # much later, mid 7 again: row 2
-    assert pub._inflight == {3: [1], 7: [2]}  # row 2 waits for its own PUBACK
+    pub.window.register([(3, Message([1], [("cam0", 0.0)]))])  # a burst of rows: mid 3 is row 1
+    pub.window.register([(7, Message([2], [("cam0", 0.0)]))])  # much later, mid 7 again: row 2
+    assert {mid: m.ids for mid, m in pub.window.messages.items()} == {3: [1], 7: [2]}  # row 2 waits for its PUBACK
     pub._on_publish(3, success)
     pub._flush_acks()
-    assert pub._inflight == {7: [2]}
+    assert {mid: m.ids for mid, m in pub.window.messages.items()} == {7: [2]}
     assert pub.stats.published == 1
     spool.close()
 
@@ -219,17 +220,18 @@ def test_periodic_stats_message(tmp_path: Path, broker: Broker, subscribe) -> No
 
 
 def test_rate_limit_token_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
-    from edged import mqtt
+    from edged import mqttclient
 
     now = [100.0]
-    monkeypatch.setattr(mqtt.time, "monotonic", lambda: now[0])
-    bucket = mqtt._RateLimit(10.0)
+    monkeypatch.setattr(mqttclient.time, "monotonic", lambda: now[0])
+    bucket = mqttclient.RateLimit(10.0)
     assert bucket.allow() == 10  # a burst of one second's worth
     bucket.take(10)
     assert bucket.allow() == 0
     now[0] += 0.5
     assert bucket.allow() == 5
-    assert mqtt._RateLimit(0).allow() > 10**6  # 0 = unlimited
+    assert bucket.wait_s() == pytest.approx(0.1 * (1 - (bucket.tokens % 1)), abs=0.1)
+    assert mqttclient.RateLimit(0).allow() > 10**6  # 0 = unlimited
 
 
 @pytest.mark.parametrize("via", ["file", "credential"])

@@ -203,14 +203,46 @@ def test_refused_rows_go_to_dead_letters_after_n_tries(tmp_path: Path) -> None:
 
 
 def test_capacity_shrinks_to_the_free_disk_space(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from edged import spool as spool_module
+    from edged import spoolspace
 
-    spool = policy_spool(tmp_path, max_bytes=10**9, min_free_bytes=1000)
-    monkeypatch.setattr(spool_module, "free_bytes", lambda _p: 1500)  # the disk is nearly full
-    add_sized(spool, 10)  # 1000 bytes, but only 500 may be used
+    spool = policy_spool(tmp_path, max_bytes=10**9, min_free_bytes=500)
+    monkeypatch.setattr(spoolspace, "free_bytes", lambda _p: 1200)  # the disk is nearly full
+    add_sized(spool, 10)  # 1000 bytes, but only 700 may be used
     stats = spool.stats()
-    assert stats["bytes"] <= 500
+    assert 0 < stats["bytes"] <= 700
     assert stats["dropped_by_reason"]["full_evicted_oldest"] == 10 - stats["depth"]
+    assert stats["space_warning"] is None  # min_free_bytes is kept: nothing to warn about
+    spool.close()
+
+
+def test_a_disk_smaller_than_min_free_bytes_still_buffers_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edged import spoolspace
+
+    spool = policy_spool(tmp_path, max_bytes=10**9, min_free_bytes=64 * 2**20)
+    monkeypatch.setattr(spoolspace, "free_bytes", lambda _p: 3000)  # 3 kB free, 64 MiB asked for
+    add_sized(spool, 10)
+    stats = spool.stats()
+    assert stats["depth"] == 10  # half of what there is: the working set still fits
+    assert stats["max_bytes"] > 0
+    assert "disk too small for spool.min_free_bytes" in stats["space_warning"]
+    spool.close()
+
+
+def test_a_drained_backlog_gives_its_room_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from edged import spoolspace
+
+    spool = policy_spool(tmp_path, max_bytes=10**9, min_free_bytes=0)
+    add_sized(spool, 2000, size=1000)  # ~2 MB in the file
+    spool.ack([r.id for r in spool.fetch(0, 5000)])
+    assert spool.flush()
+    # the filesystem is now full: only what SQLite holds but no longer uses is room
+    monkeypatch.setattr(spoolspace, "free_bytes", lambda _p: 0)
+    add_sized(spool, 100, size=1000)
+    stats = spool.stats()
+    assert stats["depth"] == 100  # the freed pages count as room: nothing was dropped
+    assert stats["dropped"] == 0
     spool.close()
 
 
