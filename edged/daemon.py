@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -33,6 +34,8 @@ STATUS_EVERY_S = 5.0
 LOG_EVERY_S = 60.0  # a one-line summary in the journal
 SOURCE_JOIN_S = 5.0
 WORKER_JOIN_S = 30.0
+DROP_WINDOW_S = 60.0  # results dropped within this make the daemon degraded
+ACK_STALL_S = 30.0  # connected, results waiting, and no PUBACK for this long: degraded
 
 
 @dataclass
@@ -74,6 +77,7 @@ class Daemon:
         self._stop = threading.Event()
         self._stopped = False
         self._watchdog_warned = False
+        self._drops: deque[tuple[float, int]] = deque(maxlen=4096)
         self.mqtt_stats = MqttStats(enabled=config.mqtt.enabled)
         self.pipelines = [
             PipelineRuntime(p, PipelineStats(p.name, str(p.source.uri)), FrameSlot()) for p in config.pipelines
@@ -284,26 +288,68 @@ class Daemon:
     # -- reporting -------------------------------------------------------------------------------------
 
     def health(self) -> str:
-        """running, or degraded when a pipeline is not producing or the broker is unreachable."""
+        """running, or degraded when anything in `reasons()` is wrong."""
         if self.state != "running":
             return self.state
-        for rt in self.pipelines:
-            if rt.stats.state in ("reconnecting", "failed", "waiting"):  # waiting: a sensor sends no data
-                return "degraded"
+        return "degraded" if self.reasons() else "running"
+
+    def reasons(self, spool: dict[str, Any] | None = None) -> list[str]:
+        """Why the daemon is not fully working, one line each; empty when everything works."""
+        out = [
+            f"pipeline {rt.cfg.name} {rt.stats.state}"
+            for rt in self.pipelines
+            if rt.stats.state in ("reconnecting", "failed", "waiting")  # waiting: a sensor sends no data
+        ]
+        threads: list[tuple[str, threading.Thread | None]] = [
+            ("edged-mqtt", self.publisher),
+            ("edged-status", self.status_server),
+        ]
+        if self.spool is not None:
+            threads.append(("edged-spool-writer", self.spool._writer))
+        out += [f"thread {name} died" for name, t in threads if t is not None and t.ident and not t.is_alive()]
         if self.config.mqtt.enabled and not self.mqtt_stats.connected:
-            return "degraded"
-        return "running"
+            out.append("broker not connected")
+        if spool is None and self.spool is not None:
+            spool = self.spool.stats()
+        spool = spool or {}
+        out += self._spool_reasons(spool)
+        return out
+
+    def _spool_reasons(self, spool: dict[str, Any]) -> list[str]:
+        out = []
+        if spool.get("error"):
+            out.append(str(spool["error"]))
+        dropped = int(spool.get("dropped", 0))
+        now = time.monotonic()
+        self._drops.append((now, dropped))
+        while len(self._drops) > 1 and self._drops[0][0] < now - DROP_WINDOW_S:
+            self._drops.popleft()
+        recent = dropped - self._drops[0][1]
+        if recent > 0:
+            out.append(f"{recent} result(s) dropped in the last {DROP_WINDOW_S:.0f} s (see spool.dropped_by_reason)")
+        stalled = self.mqtt_stats.ack_stalled_s()
+        if stalled > ACK_STALL_S and int(spool.get("depth", 0)) > 0:
+            out.append(f"the broker acknowledged nothing for {stalled:.0f} s with {spool['depth']} results waiting")
+        return out
 
     def snapshot(self) -> dict[str, Any]:
         """The status JSON (DESIGN.md contract)."""
+        spool = self.spool.stats() if self.spool is not None else {}
+        reasons = self.reasons(spool) if self.state == "running" else []
+        pipelines = []
+        for rt in self.pipelines:
+            entry = rt.stats.snapshot()
+            entry["latency_ms"]["e2e"] = self.mqtt_stats.e2e(rt.cfg.name)  # capture -> PUBACK
+            pipelines.append(entry)
         return {
-            "state": self.health(),
+            "state": ("degraded" if reasons else "running") if self.state == "running" else self.state,
+            "reasons": reasons,
             "version": __version__,
             "device_id": self.config.device_id,
             "pid": os.getpid(),
             "uptime_s": round(time.monotonic() - self.started, 1),
-            "pipelines": [rt.stats.snapshot() for rt in self.pipelines],
-            "spool": self.spool.stats() if self.spool is not None else {},
+            "pipelines": pipelines,
+            "spool": spool,
             "mqtt": self.mqtt_stats.snapshot(),
             "reload": self.reloader.status(),
         }

@@ -64,9 +64,9 @@ class Row(NamedTuple):
     tries: int = 0  # refusals by the broker so far
 
 
-def connect(path: Path, sync: str) -> sqlite3.Connection:
+def connect(path: Path, sync: str, timeout: float = 30.0) -> sqlite3.Connection:
     """Open (creating) the database in WAL mode with the schema; raises sqlite3.Error."""
-    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=timeout)
     # a new file gives deleted pages back to the filesystem on request (see reclaim): a drained backlog
     # must not keep the disk full (an existing file keeps its mode; VACUUM would rewrite it whole)
     conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
@@ -124,7 +124,7 @@ def _check(path: Path, sync: str, lock_wait_s: float) -> str | None:
     warned = False
     while True:
         try:
-            conn = connect(path, sync)
+            conn = connect(path, sync, timeout=min(1.0, lock_wait_s))
             try:
                 problem = integrity_problem(conn)
             finally:

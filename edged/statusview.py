@@ -54,6 +54,8 @@ def _pipelines(snapshot: dict[str, Any]) -> list[Any]:
         sha = str(model.get("sha256"))[:12]
         line = f"  {p.get('name')}: {p.get('source')}\n    model {model.get('name')} {sha}{precision}"
         line += f"  {split}" if split else ""
+        e2e = lat.get("e2e")
+        line += f"\n    capture->PUBACK {_ms(e2e)} ms" if e2e and e2e.get("p50") else ""
         line += f"  malformed {p['malformed']}" if p.get("malformed") else ""  # sensor input it had to skip
         line += f"  suppressed {p['suppressed']} (publish filter)" if p.get("suppressed") else ""
         line += f"  [yellow]{p['error']}[/]" if p.get("error") else ""
@@ -73,6 +75,8 @@ def _spool(spool: dict[str, Any]) -> list[Any]:
         second += f"  [red]damaged spool moved to {spool['recovered_from']}[/]"
     if spool.get("error"):
         second += f"  [red]{spool['error']}[/]"
+    if spool.get("space_warning"):
+        second += f"  [yellow]{spool['space_warning']}[/]"
     return [Text(first), Text.from_markup(second)]
 
 
@@ -96,6 +100,8 @@ def build_view(snapshot: dict[str, Any]) -> Group:
         f"edged [{style}]{state}[/]  device {snapshot.get('device_id')}  up {snapshot.get('uptime_s', 0):.0f} s"
         f"  v{snapshot.get('version', '?')}"
     )
+    if snapshot.get("reasons"):
+        head.append(Text.from_markup(f"\n[{style}]" + "; ".join(snapshot["reasons"]) + "[/]"))
     reload = snapshot.get("reload") or {}
     parts: list[Any] = [
         head,

@@ -282,3 +282,110 @@ def test_a_truncated_wal_loses_at_most_the_torn_commit(tmp_path: Path) -> None:
     seqs = [r.seq for r in again.fetch(0, 100)]
     assert seqs == list(range(1, len(seqs) + 1))  # a prefix: no gap, nothing invented
     again.close()
+
+
+# -- publish before commit, seq leases ------------------------------------------------------------------
+
+
+def test_a_result_acknowledged_before_its_commit_is_never_written(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s.db", batch_ms=60_000)
+    spool.start()
+    add(spool, "a", 3)
+    live = spool.fetch(0, 10)
+    assert [r.seq for r in live] == [1, 2, 3]  # visible to the publisher before any commit
+    spool.ack([live[0].id, live[1].id])  # the broker was quick for two of them
+    assert spool.depth == 1
+    assert spool.flush()
+    assert count_rows(tmp_path / "s.db") == 1  # only the unacknowledged one reached the disk
+    assert [r.seq for r in spool.fetch(0, 10)] == [3]
+    assert spool.stats()["acked_before_commit"] == 2
+    spool.close()
+
+
+def test_a_result_never_acknowledged_is_committed_within_the_window(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s.db", batch_ms=20, batch_max=1000)
+    spool.start()
+    add(spool, "a", 2)
+    assert spool.wait_for_commit(0, 10) >= 1
+    assert count_rows(tmp_path / "s.db") == 2
+    row = spool.fetch(0, 10)[0]
+    spool.ack([row.id])  # acknowledged after its commit: deleted
+    assert spool.flush()
+    assert count_rows(tmp_path / "s.db") == 1
+    spool.close()
+
+
+def crash_copy(tmp_path: Path, name: str) -> Path:
+    """The state dir as kill -9 would leave it (the files as they are, nothing closed)."""
+    crash = tmp_path / name
+    crash.mkdir()
+    for f in tmp_path.iterdir():
+        if f.is_file() and f.name.startswith("s.db"):
+            (crash / f.name).write_bytes(f.read_bytes())
+    return crash / "s.db"
+
+
+def test_a_crash_between_publish_and_commit_never_reuses_a_seq(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s.db", batch_ms=60_000)
+    spool.start()
+    add(spool, "a", 5)
+    spool.ack([r.id for r in spool.fetch(0, 10)])  # published from memory, acknowledged, never committed
+    db = crash_copy(tmp_path, "crash")  # kill -9 now
+    spool.close()
+    again = Spool(db)
+    assert again.next_seq("a") > 5  # 1..5 reached the broker: none of them is handed out again
+    (gap,) = again.stats()["seq_gaps"]
+    assert gap["first"] == 1
+    assert again.stats()["dropped_by_reason"]["unclean_stop"] == gap["last"] - gap["first"] + 1
+    again.close()
+    clean = Spool(db)  # after a clean stop numbering goes on without a gap
+    last = clean.next_seq("a")
+    clean.close()
+    assert Spool(db).next_seq("a") == last + 1
+
+
+def test_seq_survives_a_rolled_back_wal(tmp_path: Path) -> None:
+    spool = policy_spool(tmp_path)
+    add_sized(spool, 30)
+    db = crash_copy(tmp_path, "crash")
+    (db.parent / "s.db-wal").write_bytes(b"")  # the whole WAL lost: the seqs table rolls back
+    spool.close()
+    again = Spool(db)
+    assert again.next_seq("p") > 30
+    again.close()
+
+
+def test_a_locked_database_is_waited_for_and_never_moved_aside(tmp_path: Path) -> None:
+    from edged import spooldb
+
+    spool = policy_spool(tmp_path)
+    add_sized(spool, 5)
+    spool.close()
+    db = tmp_path / "s.db"
+    (tmp_path / "s.db.seqfloor").unlink()  # an unclean stop: the check runs
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(SpoolError, match="locked by another process"):
+            spooldb.open_checked(db, "normal", lock_wait_s=0.5)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert not list(tmp_path.glob("s.db.corrupt-*"))  # a busy database is not a damaged one
+    again = Spool(db)
+    assert again.depth == 5
+    again.close()
+
+
+def test_a_refusal_counts_at_once_and_a_dead_letter_is_never_sent_again(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s.db", batch_ms=60_000, limits=SpoolLimits(dead_letter_after=3, ballast_bytes=0))
+    spool.start()
+    add(spool, "a", 2)
+    bad = spool.fetch(0, 1)[0]
+    assert not spool.refuse(bad.id, "Packet too large")
+    assert not spool.refuse(bad.id, "Packet too large")
+    assert spool.refuse(bad.id, "Packet too large")  # the third: dead now, before any commit
+    assert [r.seq for r in spool.fetch(0, 10)] == [2]
+    assert spool.flush()
+    assert spool.stats()["dead_letters"] == 1
+    spool.close()
