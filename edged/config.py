@@ -320,13 +320,15 @@ class SpoolConfig(Strict):
     sync: Literal["normal", "full"] = Field(
         "normal", description="normal: survives a crash; full: fsync per commit, survives a power cut."
     )
-    batch_max: int = Field(128, ge=1, le=10000, description="Commit after this many results ...")
+    batch_max: int = Field(
+        128, ge=1, le=10000, description="Commit once this many unacknowledged results wait in memory ..."
+    )
     batch_ms: int = Field(
         1000,
         ge=0,
         le=60000,
-        description="... or this many milliseconds, first wins. Longer batches write less per result (flash "
-        "wear); with sync: normal a power cut may lose the last batch.",
+        description="... or once the oldest has waited this many milliseconds, first wins. A result the broker "
+        "acknowledged before then is never written; kill -9 loses at most this window of unacknowledged results.",
     )
     max_bytes: Size = Field(256 * 2**20, description="Stored payload bytes at most (never more than the disk holds).")
     max_age: Duration = Field(7 * 86400.0, description="TTL, e.g. 7d: older results are dropped (counted).")
