@@ -1,0 +1,229 @@
+"""Capture-to-subscriber latency and bytes written per result (issue "Publish at the speed of the edge").
+
+One run, side by side, Mosquitto on loopback, a paho subscriber in this process measuring
+`time.time() - ts` (the capture time in the message) for every message:
+
+E  `python -m edged run` with the default config (only broker, state_dir and the pipeline set): the bundled
+   digits int8 model on the bundled sample video at 30 frames/s, looping. Also its /proc/<pid>/io
+   write_bytes per result over the measured window (broker up), and the same with no broker (buffering).
+B  the ceiling: a bare script that reads the same video at 30 frames/s with OpenCV and publishes each frame
+   with paho QoS 1 as soon as it has it (no model: the model's ~1 ms is in E's figure, not in B's).
+
+Targets: E p50 <= 15 ms, p99 <= 50 ms, E p50 within 2x of B's; write_bytes per result <= 1x the payload
+with the broker up, <= 4x with it down. A measurement, not a test: exit 0 whatever the figures are.
+
+    python benchmarks/latency.py --messages 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ASSETS = REPO_ROOT / "edged" / "assets"
+MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+
+BARE = r"""
+import json, sys, time, cv2, paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+port, video, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+c = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="bare", protocol=paho.MQTTv5)
+c.connect("127.0.0.1", port); c.loop_start()
+cap = cv2.VideoCapture(video); due = time.monotonic(); seq = 0
+while seq < n:
+    ok, frame = cap.read()
+    if not ok:
+        cap.set(cv2.CAP_PROP_POS_FRAMES, 0); continue
+    ts = time.time(); seq += 1
+    c.publish("bare/results", json.dumps({"seq": seq, "ts": ts, "pad": "x" * 300}), qos=1)
+    due += 1 / 30.0
+    time.sleep(max(0.0, due - time.monotonic()))
+time.sleep(1); c.loop_stop()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def mosquitto(work: Path) -> Iterator[int]:
+    port = free_port()
+    conf = work / f"mosquitto-{port}.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n", encoding="utf-8")
+    proc = subprocess.Popen([MOSQUITTO, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            break
+        time.sleep(0.05)
+    try:
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+class Latencies:
+    """A subscriber collecting `time.time() - ts` (ms) of every message on a topic filter."""
+
+    def __init__(self, port: int, topic: str) -> None:
+        import paho.mqtt.client as paho
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        self.values: list[float] = []
+        self.sizes: list[int] = []
+        self.ready = threading.Event()
+        self.client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+        self.client.on_message = self._on_message
+        self.client.on_subscribe = lambda *_a: self.ready.set()
+        self.client.connect("127.0.0.1", port)
+        self.client.subscribe(topic, qos=1)
+        self.client.loop_start()
+        self.ready.wait(10)
+
+    def _on_message(self, _c: Any, _u: Any, msg: Any) -> None:
+        now = time.time()
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            self.values.append((now - float(json.loads(msg.payload)["ts"])) * 1e3)
+            self.sizes.append(len(msg.payload))
+
+    def wait(self, n: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.values) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def write_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/io").read_text(encoding="utf-8").splitlines():
+        if line.startswith("write_bytes:"):
+            return int(line.split()[1])
+    return 0
+
+
+def frames(state: Path) -> int:
+    from edged.errors import StatusError
+    from edged.status import query
+
+    try:
+        return int(query(state / "status.sock", timeout=1.0)["pipelines"][0]["frames"])
+    except (StatusError, OSError, KeyError, IndexError):
+        return 0
+
+
+def start_edged(work: Path, name: str, port: int) -> tuple[subprocess.Popen[bytes], Path]:
+    import yaml
+
+    state = work / f"state-{name}"
+    cfg = {
+        "device_id": f"lat-{name}",
+        "state_dir": str(state),
+        "mqtt": {"host": "127.0.0.1", "port": port},
+        "pipelines": [
+            {
+                "name": "cam0",
+                "source": {"type": "camera", "uri": str(ASSETS / "sample.mp4"), "fps": 30, "loop": True},
+                "model": {"path": str(ASSETS / "digits.int8.onnx"), "providers": ["CPUExecutionProvider"]},
+            }
+        ],
+    }
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    log = (work / f"{name}.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "edged", "run", "--config", str(path)], stdout=log, stderr=log)
+    deadline = time.monotonic() + 60
+    while frames(state) < 30 and time.monotonic() < deadline:  # warmed up, spool created, ballast made
+        time.sleep(0.1)
+    return proc, state
+
+
+def measure_edged(work: Path, port: int | None, n: int) -> dict[str, Any]:
+    """Latency (broker up) and write_bytes per result (up, or down when port is None)."""
+    target = port if port is not None else free_port()
+    sub = Latencies(port, "edged/#") if port is not None else None
+    proc, state = start_edged(work, "up" if port else "down", target)
+    try:
+        f0, w0 = frames(state), write_bytes(proc.pid)
+        if sub is not None:
+            sub.values.clear()
+            sub.sizes.clear()
+            sub.wait(n, n / 30 * 3 + 30)
+        else:
+            deadline = time.monotonic() + n / 30 * 3 + 30
+            while frames(state) < f0 + n and time.monotonic() < deadline:
+                time.sleep(0.2)
+        f1, w1 = frames(state), write_bytes(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        if sub is not None:
+            sub.close()
+    out: dict[str, Any] = {"results": f1 - f0, "write_bytes_per_result": (w1 - w0) / max(1, f1 - f0)}
+    if sub is not None:
+        out |= {"p50": pct(sub.values, 0.5), "p99": pct(sub.values, 0.99), "payload": statistics.mean(sub.sizes)}
+    return out
+
+
+def measure_bare(port: int, n: int) -> dict[str, Any]:
+    sub = Latencies(port, "bare/#")
+    subprocess.run([sys.executable, "-c", BARE, str(port), str(ASSETS / "sample.mp4"), str(n + 30)], check=True)
+    sub.wait(n + 30, 10)
+    sub.close()
+    values = sub.values[30:]
+    return {"p50": pct(values, 0.5), "p99": pct(values, 0.99), "messages": len(values)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--messages", type=int, default=600, help="messages measured per run (30 per second)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="edged-latency-", dir=os.environ.get("TMPDIR")) as tmp:
+        work = Path(tmp)
+        with mosquitto(work) as port:
+            edged = measure_edged(work, port, args.messages)
+            bare = measure_bare(port, args.messages)
+        down = measure_edged(work, None, args.messages)
+    report = {"edged": edged, "bare": bare, "broker_down": down, "load": os.getloadavg()[0]}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    payload = edged.get("payload", float("nan"))
+    print(f"capture -> subscriber, 30 frames/s, {args.messages} messages, load {report['load']:.2f}")
+    print(f"  edged  p50 {edged['p50']:6.2f} ms  p99 {edged['p99']:6.2f} ms   (targets <= 15 / <= 50)")
+    ratio = edged["p50"] / bare["p50"]
+    print(f"  bare   p50 {bare['p50']:6.2f} ms  p99 {bare['p99']:6.2f} ms   edged/bare p50 {ratio:.2f}x")
+    print(f"write_bytes per result, payload {payload:.0f} B")
+    up, dn = edged["write_bytes_per_result"], down["write_bytes_per_result"]
+    print(f"  broker up    {up:8.0f} B  ({up / payload:.2f}x payload, target <= 1x)")
+    print(f"  broker down  {dn:8.0f} B  ({dn / payload:.2f}x payload, target <= 4x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
