@@ -42,6 +42,7 @@ class Outbox:
         self.writing_upto = 0  # pending ids <= this are in the writer's open transaction
         self.committed_max = next_id - 1  # every committed id is <= this
         self.acked: set[int] = set()  # committed (or being written) and acknowledged: delete due
+        self.acked_max = 0  # at least the highest id in `acked` (0 when it is empty)
         self._acks: list[int] = []
         self._tries: dict[int, int] = {}  # refusals per row id (committed or pending)
         self._tries_due: dict[int, int] = {}
@@ -84,8 +85,10 @@ class Outbox:
         return out[:limit]
 
     def skip_after(self, after_id: int) -> set[int]:
-        """Committed ids past the cursor that must not be sent (acknowledged, dead)."""
-        return {i for i in self.acked if i > after_id} | {i for i in self.dead if i > after_id}
+        """Committed ids past the cursor that must not be sent (acknowledged, dead). While draining every
+        acknowledged row is behind the cursor: then nothing is scanned."""
+        skip = {i for i in self.acked if i > after_id} if self.acked_max > after_id else set()
+        return skip | {i for i in self.dead if i > after_id} if self.dead else skip
 
     def ack(self, row_ids: Iterable[int]) -> None:
         """The broker acknowledged these rows."""
@@ -99,6 +102,7 @@ class Outbox:
             if row_id not in self.acked:
                 self.acked.add(row_id)
                 self._acks.append(row_id)
+                self.acked_max = max(self.acked_max, row_id)
 
     def refuse(self, row_id: int, reason: str) -> bool:
         """The broker refused a row; True when that made it a dead letter (counted now, written next commit)."""
@@ -151,6 +155,8 @@ class Outbox:
             self.pending.pop(row.id, None)
         self.committed_max = max(self.committed_max, self.writing_upto)
         self.acked.difference_update(batch.acks)
+        if not self.acked:
+            self.acked_max = 0
         for row_id in batch.acks:
             self._tries.pop(row_id, None)
         for row_id in [*batch.dead, *(row.id for row, _ in batch.dead_rows)]:
