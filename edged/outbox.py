@@ -166,9 +166,3 @@ class Outbox:
     def has_due(self) -> bool:
         """Deletes, refusal counts or dead letters wait for a commit."""
         return bool(self._acks or self._tries_due or self._dead_due)
-
-    def evicted(self, row_ids: Iterable[int]) -> None:
-        """Rows deleted by a policy (TTL, size bound): forget their state."""
-        for row_id in row_ids:
-            self._tries.pop(row_id, None)
-            self.dead.pop(row_id, None)
