@@ -10,6 +10,7 @@ import json
 import logging
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -287,11 +288,24 @@ def expire(conn: sqlite3.Connection, before_clock: float, keep: set[int]) -> tup
     Rows are created in clock order, so the walk starts at the oldest row (by id, the primary key) and
     stops at the first one still alive: the cost is the rows expired, never the backlog.
     """
+    return _delete_oldest(conn, keep, lambda clock, _freed: clock >= before_clock, EXPIRE_MAX)
+
+
+def evict_oldest(conn: sqlite3.Connection, need_bytes: int, keep: set[int]) -> tuple[list[int], int]:
+    """Delete the oldest rows until at least `need_bytes` of payload are freed; (ids, bytes)."""
+    return _delete_oldest(conn, keep, lambda _clock, freed: freed >= need_bytes)
+
+
+def _delete_oldest(
+    conn: sqlite3.Connection, keep: set[int], stop: Callable[[float, int], bool], limit: int = -1
+) -> tuple[list[int], int]:
+    """Walk the rows oldest first, skipping `keep`, until `stop(row clock, bytes so far)`; delete what was
+    walked. (ids, payload bytes) deleted."""
     ids: list[int] = []
     size = 0
-    cur = conn.execute("SELECT id, clock, LENGTH(payload) FROM results ORDER BY id LIMIT ?", (EXPIRE_MAX,))
+    cur = conn.execute("SELECT id, clock, LENGTH(payload) FROM results ORDER BY id LIMIT ?", (limit,))
     for row_id, clock, length in cur:
-        if float(clock) >= before_clock:
+        if stop(float(clock), size):
             break
         if row_id in keep:
             continue
@@ -300,23 +314,6 @@ def expire(conn: sqlite3.Connection, before_clock: float, keep: set[int]) -> tup
     cur.close()
     if ids:
         conn.execute(DELETE_IDS, (json.dumps(ids),))
-    return ids, size
-
-
-def evict_oldest(conn: sqlite3.Connection, need_bytes: int, keep: set[int]) -> tuple[list[int], int]:
-    """Delete the oldest rows until at least `need_bytes` of payload are freed; (ids, bytes)."""
-    ids: list[int] = []
-    freed = 0
-    cur = conn.execute("SELECT id, LENGTH(payload) FROM results ORDER BY id")
-    for row_id, size in cur:
-        if freed >= need_bytes:
-            break
-        if row_id in keep:
-            continue
-        ids.append(int(row_id))
-        freed += int(size)
-    cur.close()
-    _, size = delete_ids(conn, ids)
     return ids, size
 
 
