@@ -328,12 +328,7 @@ class Publisher(threading.Thread):
 
     def _refuse(self, row_ids: list[int], why: str, *, final: bool = False) -> None:
         """Count a refusal of these rows now (`final`: they can never be sent: dead letters at once)."""
-        dead = 0
-        for row_id in row_ids:
-            for _ in range(self.spool.limits.dead_letter_after if final else 1):
-                if self.spool.refuse(row_id, why):
-                    dead += 1
-                    break
+        dead = sum(self.spool.refuse(row_id, why, final=final) for row_id in row_ids)
         with self.stats.lock:
             self.stats.failed += len(row_ids)
             self.stats.last_error = why

@@ -104,11 +104,14 @@ class Outbox:
                 self._acks.append(row_id)
                 self.acked_max = max(self.acked_max, row_id)
 
-    def refuse(self, row_id: int, reason: str) -> bool:
-        """The broker refused a row; True when that made it a dead letter (counted now, written next commit)."""
+    def refuse(self, row_id: int, reason: str, *, final: bool = False) -> bool:
+        """The broker refused a row (`final`: it can never be sent); True when that made it a dead letter
+        (counted now, written next commit)."""
         if row_id in self.dead or row_id in self.acked:
             return False
         tries = self._tries.get(row_id, 0) + 1
+        if final:
+            tries = max(tries, self.dead_letter_after)
         self._tries[row_id] = tries
         if tries < self.dead_letter_after:
             if row_id not in self.pending or row_id <= self.writing_upto:

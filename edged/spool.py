@@ -290,11 +290,12 @@ class Spool:
             self.outbox.ack(row_ids)
             self._due_soon()
 
-    def refuse(self, row_id: int, reason: str) -> bool:
-        """The broker refused this row (counted now); after `dead_letter_after` refusals it is a dead letter:
-        never sent again, moved to dead_letters in the next commit. True when it became one."""
+    def refuse(self, row_id: int, reason: str, *, final: bool = False) -> bool:
+        """The broker refused this row (counted now); after `dead_letter_after` refusals, or at once when
+        `final` (it can never be sent), it is a dead letter: never sent again, moved to dead_letters in the
+        next commit. True when it became one."""
         with self._cond:
-            dead = self.outbox.refuse(row_id, reason)
+            dead = self.outbox.refuse(row_id, reason, final=final)
             self._changes += 1
             self._due_soon()
         if dead:

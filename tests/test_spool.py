@@ -389,3 +389,16 @@ def test_a_refusal_counts_at_once_and_a_dead_letter_is_never_sent_again(tmp_path
     assert spool.flush()
     assert spool.stats()["dead_letters"] == 1
     spool.close()
+
+
+def test_a_row_that_can_never_be_sent_is_a_dead_letter_at_once(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s.db", batch_ms=60_000, limits=SpoolLimits(dead_letter_after=5, ballast_bytes=0))
+    spool.start()
+    add(spool, "a", 2)
+    bad = spool.fetch(0, 1)[0]
+    assert spool.refuse(bad.id, "invalid topic", final=True)
+    assert [r.seq for r in spool.fetch(0, 10)] == [2]
+    assert spool.flush()
+    spool.close()
+    with sqlite3.connect(tmp_path / "s.db") as conn:
+        assert conn.execute("SELECT seq, tries FROM dead_letters").fetchall() == [(1, 5)]
