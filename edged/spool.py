@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from edged import spooldb
-from edged.diskspace import free_bytes
+from edged.diskspace import Ballast, free_bytes
 from edged.errors import SpoolError
 from edged.outbox import Batch, Outbox
 from edged.seqlease import SeqAllocator, SeqGap
@@ -173,7 +173,7 @@ class Spool:
         log.critical("SPOOL DAMAGED: %s failed its integrity check: %s", self.path, problem)
 
     @property
-    def ballast(self) -> Any:
+    def ballast(self) -> Ballast:
         """The ballast file next to the spool (see diskspace.py)."""
         return self.space.ballast
 
