@@ -6,11 +6,17 @@ One run, side by side, Mosquitto on loopback, a paho subscriber in this process 
 E  `python -m edged run` with the default config (only broker, state_dir and the pipeline set): the bundled
    digits int8 model on the bundled sample video at 30 frames/s, looping. Also its /proc/<pid>/io
    write_bytes per result over the measured window (broker up), and the same with no broker (buffering).
-B  the ceiling: a bare script that reads the same video at 30 frames/s with OpenCV and publishes each frame
-   with paho QoS 1 as soon as it has it (no model: the model's ~1 ms is in E's figure, not in B's).
+B  the ceiling: a bare script that reads the same video at 30 frames/s with OpenCV, runs the same model on
+   each frame (resize, scale, `session.run`, softmax top-1) and publishes the result with paho QoS 1 as soon
+   as it has it: no spool, no threads of its own.
+I  idle: `edged run` with one pipeline at 1 frame/s, broker up: CPU (utime + stime of the process) and
+   wake-ups per second over `--idle-s` seconds, per thread name (edged names its threads for the OS).
+   A wake-up is a voluntary context switch (from /proc/<pid>/task/*/status): a thread going to sleep, on
+   a timer, a lock, the GIL or I/O, and waking later. The figure includes paho's and FFmpeg's threads.
 
 Targets: E p50 <= 15 ms, p99 <= 50 ms, E p50 within 2x of B's; write_bytes per result <= 1x the payload
-with the broker up, <= 4x with it down. A measurement, not a test: exit 0 whatever the figures are.
+with the broker up, <= 4x with it down; idle CPU <= 1 % of a core and <= 20 wake-ups/s.
+A measurement, not a test: exit 0 whatever the figures are.
 
     python benchmarks/latency.py --messages 600
 """
@@ -38,9 +44,12 @@ ASSETS = REPO_ROOT / "edged" / "assets"
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 
 BARE = r"""
-import json, sys, time, cv2, paho.mqtt.client as paho
+import json, sys, time, cv2, numpy as np, onnxruntime as ort, paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
-port, video, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+port, video, model, n = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+inp = session.get_inputs()[0]
+_, _, h, w = inp.shape
 c = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="bare", protocol=paho.MQTTv5)
 c.connect("127.0.0.1", port); c.loop_start()
 cap = cv2.VideoCapture(video); due = time.monotonic(); seq = 0
@@ -49,7 +58,11 @@ while seq < n:
     if not ok:
         cap.set(cv2.CAP_PROP_POS_FRAMES, 0); continue
     ts = time.time(); seq += 1
-    c.publish("bare/results", json.dumps({"seq": seq, "ts": ts, "pad": "x" * 300}), qos=1)
+    x = cv2.resize(frame, (w, h))[:, :, ::-1].astype(np.float32).transpose(2, 0, 1)[None] / 255.0
+    logits = session.run(None, {inp.name: x})[0][0]
+    p = np.exp(logits - logits.max()); p /= p.sum(); top = int(p.argmax())
+    body = {"seq": seq, "ts": ts, "result": {"top": [{"index": top, "score": float(p[top])}]}, "pad": "x" * 300}
+    c.publish("bare/results", json.dumps(body), qos=1)
     due += 1 / 30.0
     time.sleep(max(0.0, due - time.monotonic()))
 time.sleep(1); c.loop_stop()
@@ -136,7 +149,7 @@ def frames(state: Path) -> int:
         return 0
 
 
-def start_edged(work: Path, name: str, port: int) -> tuple[subprocess.Popen[bytes], Path]:
+def start_edged(work: Path, name: str, port: int, fps: int = 30) -> tuple[subprocess.Popen[bytes], Path]:
     import yaml
 
     state = work / f"state-{name}"
@@ -147,7 +160,7 @@ def start_edged(work: Path, name: str, port: int) -> tuple[subprocess.Popen[byte
         "pipelines": [
             {
                 "name": "cam0",
-                "source": {"type": "camera", "uri": str(ASSETS / "sample.mp4"), "fps": 30, "loop": True},
+                "source": {"type": "camera", "uri": str(ASSETS / "sample.mp4"), "fps": fps, "loop": True},
                 "model": {"path": str(ASSETS / "digits.int8.onnx"), "providers": ["CPUExecutionProvider"]},
             }
         ],
@@ -157,7 +170,7 @@ def start_edged(work: Path, name: str, port: int) -> tuple[subprocess.Popen[byte
     log = (work / f"{name}.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "edged", "run", "--config", str(path)], stdout=log, stderr=log)
     deadline = time.monotonic() + 60
-    while frames(state) < 30 and time.monotonic() < deadline:  # warmed up, spool created, ballast made
+    while frames(state) < min(30, 3 * fps) and time.monotonic() < deadline:  # warmed up, spool and ballast made
         time.sleep(0.1)
     return proc, state
 
@@ -189,9 +202,51 @@ def measure_edged(work: Path, port: int | None, n: int) -> dict[str, Any]:
     return out
 
 
+def cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime (fields 14 and 15 of stat)
+
+
+def switches(pid: int) -> dict[str, int]:
+    """Voluntary context switches per thread name, summed over threads of one name: each is a thread going
+    to sleep, so each is one wake-up later (involuntary switches are preemptions of a running thread)."""
+    out: dict[str, int] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            text = (task / "status").read_text(encoding="utf-8")
+            fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+            name = fields["Name"].strip()
+            count = int(fields["voluntary_ctxt_switches"])
+            out[name] = out.get(name, 0) + count
+    return out
+
+
+def measure_idle(work: Path, port: int, seconds: float) -> dict[str, Any]:
+    """CPU share and wake-ups/s of `edged run` with one pipeline at 1 frame/s, broker up."""
+    proc, _state = start_edged(work, "idle", port, fps=1)
+    try:
+        time.sleep(2.0)  # past start-up (imports, model load, first commit)
+        t0, c0, s0 = time.monotonic(), cpu_ticks(proc.pid), switches(proc.pid)
+        time.sleep(seconds)
+        t1, c1, s1 = time.monotonic(), cpu_ticks(proc.pid), switches(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    span = t1 - t0
+    per_thread = {name: (s1.get(name, 0) - s0.get(name, 0)) / span for name in s1}
+    per_thread = {k: round(v, 2) for k, v in sorted(per_thread.items(), key=lambda kv: -kv[1]) if v > 0}
+    return {
+        "seconds": round(span, 1),
+        "cpu_percent": 100.0 * (c1 - c0) / os.sysconf("SC_CLK_TCK") / span,
+        "wakeups_s": sum(per_thread.values()),
+        "wakeups_by_thread": per_thread,
+    }
+
+
 def measure_bare(port: int, n: int) -> dict[str, Any]:
     sub = Latencies(port, "bare/#")
-    subprocess.run([sys.executable, "-c", BARE, str(port), str(ASSETS / "sample.mp4"), str(n + 30)], check=True)
+    model = str(ASSETS / "digits.int8.onnx")
+    subprocess.run([sys.executable, "-c", BARE, str(port), str(ASSETS / "sample.mp4"), model, str(n + 30)], check=True)
     sub.wait(n + 30, 10)
     sub.close()
     values = sub.values[30:]
@@ -201,6 +256,7 @@ def measure_bare(port: int, n: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--messages", type=int, default=600, help="messages measured per run (30 per second)")
+    parser.add_argument("--idle-s", type=float, default=20.0, help="seconds the idle daemon is measured (0: skip)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="edged-latency-", dir=os.environ.get("TMPDIR")) as tmp:
@@ -208,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         with mosquitto(work) as port:
             edged = measure_edged(work, port, args.messages)
             bare = measure_bare(port, args.messages)
+            idle = measure_idle(work, port, args.idle_s) if args.idle_s > 0 else None
         down = measure_edged(work, None, args.messages)
-    report = {"edged": edged, "bare": bare, "broker_down": down, "load": os.getloadavg()[0]}
+    report = {"edged": edged, "bare": bare, "broker_down": down, "idle": idle, "load": os.getloadavg()[0]}
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -222,6 +279,13 @@ def main(argv: list[str] | None = None) -> int:
     up, dn = edged["write_bytes_per_result"], down["write_bytes_per_result"]
     print(f"  broker up    {up:8.0f} B  ({up / payload:.2f}x payload, target <= 1x)")
     print(f"  broker down  {dn:8.0f} B  ({dn / payload:.2f}x payload, target <= 4x)")
+    if idle is not None:
+        print(f"idle, one pipeline at 1 frame/s, broker up, {idle['seconds']:.0f} s")
+        print(f"  CPU {idle['cpu_percent']:.2f} % of a core (target <= 1 %)")
+        print(
+            f"  wake-ups {idle['wakeups_s']:.1f}/s (target <= 20/s): "
+            + ", ".join(f"{name} {rate:.1f}" for name, rate in idle["wakeups_by_thread"].items())
+        )
     return 0
 
 

@@ -54,7 +54,7 @@ class PipelineRuntime:
 
     def running(self) -> bool:
         """True while any inference worker of the pipeline is alive."""
-        return any(w.is_alive() for w in self.workers)
+        return any(w.is_alive() and not w.finished for w in self.workers)
 
 
 class Daemon:
@@ -75,6 +75,7 @@ class Daemon:
         self.state = "starting"
         self.started = time.monotonic()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a stop request, or an inference worker ended: wait() looks again
         self._stopped = False
         self._watchdog_warned = False
         self._drops: deque[tuple[float, int]] = deque(maxlen=4096)
@@ -142,6 +143,7 @@ class Daemon:
                     index=i,
                     publish=publish,
                     snapshots=snapshots,
+                    on_exit=self._wake.set,
                 )
                 for i in range(model.loaded.concurrency)
             ]
@@ -220,16 +222,23 @@ class Daemon:
     def request_stop(self) -> None:
         """Ask `wait()` to return; safe from signal handlers and other threads."""
         self._stop.set()
+        self._wake.set()
 
     def wait(self) -> None:
-        """Block until a stop is requested or every pipeline has ended; feed sd_notify STATUS= and WATCHDOG=."""
+        """Block until a stop is requested or every pipeline has ended; feed sd_notify STATUS= and WATCHDOG=.
+        Asleep between its timers (status line, watchdog ping, journal summary): a worker that ends wakes it."""
         now = time.monotonic()
         next_log, next_status, next_ping = now + LOG_EVERY_S, now, now
         ping_every = watchdog_interval()
-        tick = min(0.5, ping_every or 0.5)
-        while not self._stop.wait(tick):
+        notifying = bool(os.environ.get("NOTIFY_SOCKET"))
+        while not self._stop.is_set():
+            timers = [next_log] + ([next_status] if notifying else []) + ([next_ping] if ping_every else [])
+            self._wake.wait(max(0.0, min(timers) - time.monotonic()))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             now = time.monotonic()
-            if os.environ.get("NOTIFY_SOCKET") and now >= next_status:
+            if notifying and now >= next_status:
                 next_status = now + STATUS_EVERY_S
                 notify("STATUS=" + self.status_line())
             if ping_every and now >= next_ping:

@@ -29,6 +29,7 @@ from edged.backoff import Backoff
 from edged.config import MqttConfig
 from edged.inflight import InFlight, Message
 from edged.mqttclient import CONNECT_TIMEOUT_S, ExpiryProperties, PackedProperties, RateLimit, new_client, topic_for
+from edged.osthread import name_os_thread
 from edged.secrets import check_private, read_credential, read_secret
 from edged.spool import Row, Spool
 from edged.stats import MqttStats
@@ -111,6 +112,7 @@ class Publisher(threading.Thread):
 
     def run(self) -> None:
         """Connect, publish, reconnect; until asked to stop."""
+        name_os_thread()
         failures = 0
         while not self._halt.is_set():
             conn = self._connect()
@@ -151,6 +153,9 @@ class Publisher(threading.Thread):
             return None
         client.loop_start()
         conn.looping = True
+        paho_thread = getattr(client, "_thread", None)  # paho names it paho-mqtt-client-<id>; the OS does not
+        if isinstance(paho_thread, threading.Thread):
+            name_os_thread(paho_thread)
         deadline = time.monotonic() + CONNECT_TIMEOUT_S
         while not conn.connected and not conn.closed and not self._halt.is_set():
             left = deadline - time.monotonic()

@@ -21,6 +21,7 @@ from edged.inference.postprocess import Postprocessor, make_postprocessor
 from edged.inference.preprocess import Preprocessor, PreprocessSpec
 from edged.inference.session import LoadedModel, load_model, warm_up
 from edged.inference.window import WindowSpec, WindowTransform
+from edged.osthread import name_os_thread
 from edged.publish import PublishFilter, Snapshots
 from edged.sources.base import Frame, FrameSlot
 from edged.spool import Spool
@@ -102,8 +103,9 @@ class Turnstile:
         self._next_ticket = 0
         self._serving = 0
 
-    def take(self, timeout: float) -> tuple[Frame, int] | None:
-        """The next frame and its ticket, or None on timeout / when the source is done."""
+    def take(self, timeout: float | None) -> tuple[Frame, int] | None:
+        """The next frame and its ticket, or None on timeout / when the source is done (`timeout` None:
+        asleep until one of the two)."""
         with self._take:
             frame = self.slot.get(timeout)
             if frame is None:
@@ -157,6 +159,7 @@ class InferenceWorker(threading.Thread):
         index: int = 0,
         publish: PublishFilter | None = None,
         snapshots: Snapshots | None = None,
+        on_exit: Callable[[], None] | None = None,
     ) -> None:
         suffix = f"-{index}" if index else ""
         super().__init__(name=f"edged-infer-{cfg.name}{suffix}", daemon=True)
@@ -170,12 +173,23 @@ class InferenceWorker(threading.Thread):
         self.on_result = on_result
         self.publish = publish or PublishFilter(cfg.publish)
         self.snapshots = snapshots
+        self.finished = False
+        self.on_exit = on_exit  # told when this thread ends, however it ends (the daemon sleeps until then)
         describe_model(stats, ref.current)
 
     def run(self) -> None:
         """Until the source closes its slot: the frame in flight is always finished and stored."""
+        name_os_thread()
+        try:
+            self._loop()
+        finally:
+            self.finished = True  # before on_exit: whoever it wakes must see this thread as done
+            if self.on_exit is not None:
+                self.on_exit()
+
+    def _loop(self) -> None:
         while True:
-            taken = self.turnstile.take(timeout=0.5)
+            taken = self.turnstile.take(timeout=None)  # idle means asleep: the slot wakes us, also on close
             if taken is None:
                 if self.turnstile.slot.closed:
                     return

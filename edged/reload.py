@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from edged.config import Config, PipelineConfig, load_config
 from edged.errors import ConfigError, EdgedError
+from edged.osthread import name_os_thread
 from edged.pipeline import describe_model, prepare_model
 from edged.systemd import notify
 
@@ -75,6 +76,7 @@ class Reloader(threading.Thread):
 
     def run(self) -> None:
         """Wait for SIGHUP or the next model-file poll."""
+        name_os_thread()
         while not self._halt.is_set():
             self._wake.wait(self.poll_s)
             self._wake.clear()

@@ -36,6 +36,7 @@ from typing import Any
 from edged import spooldb
 from edged.diskspace import Ballast, free_bytes
 from edged.errors import SpoolError
+from edged.osthread import name_os_thread
 from edged.outbox import Batch, Outbox
 from edged.seqlease import SeqAllocator, SeqGap
 from edged.spooldb import Row
@@ -152,6 +153,7 @@ class Spool:
     def _background_check(self) -> None:
         """quick_check on its own connection while the daemon runs; damage is reported, and the next start
         checks before it opens (the seq lease is left unclean) and moves the file aside."""
+        name_os_thread()
         started = time.monotonic()
         try:
             conn = spooldb.connect(self.path, self.sync)
@@ -373,6 +375,7 @@ class Spool:
     # -- writer ----------------------------------------------------------------------------------------
 
     def _write_loop(self) -> None:
+        name_os_thread()
         while True:
             with self._cond:
                 while not self._closing and (wait := self._wait_s()) != 0.0:
@@ -453,7 +456,7 @@ class Spool:
         spooldb.save_seqs(conn, self.seqs.last())  # dropped and acknowledged results' seqs too
         counts = [n.depth, n.bytes, n.dead_letters]
         spooldb.save_meta(conn, {"clock": clock, "dropped": n.dropped, "counts": counts, "seq_gaps": self._gaps})
-        self._maybe_reclaim(conn)
+        self._maybe_reclaim(conn, n.bytes)
         conn.execute("COMMIT")
         with self._cond:
             self._write_error = None
@@ -484,10 +487,14 @@ class Spool:
                 n.count("full_rejected_newest", 1)
         return admitted
 
-    def _maybe_reclaim(self, conn: sqlite3.Connection) -> None:
-        """After a backlog drained, give the file's free pages back to the filesystem (a little per commit)."""
+    def _maybe_reclaim(self, conn: sqlite3.Connection, stored: int) -> None:
+        """After a backlog drained, give the file's free pages back to the filesystem (a little per commit).
+
+        Only once the free pages outweigh what the file still holds: while a large backlog expires or
+        drains, new rows reuse the pages old ones freed, and moving pages to shrink the file would cost
+        writes (flash wear, and at a 1,000,000-row TTL the writer's time) for nothing."""
         _, reusable = spooldb.space(conn)
-        if reusable >= RECLAIM_MIN_BYTES:
+        if reusable >= RECLAIM_MIN_BYTES and reusable > stored:
             spooldb.reclaim(conn, RECLAIM_PAGES)
 
     def _note_write_error(self, exc: sqlite3.Error) -> None:

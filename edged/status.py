@@ -6,18 +6,23 @@ import contextlib
 import json
 import logging
 import os
+import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from edged.errors import StatusError
+from edged.osthread import name_os_thread
 
 log = logging.getLogger(__name__)
 
 EXIT_HEALTHY, EXIT_DEGRADED, EXIT_NOT_RUNNING = 0, 1, 2
 MAX_SOCKET_PATH = 107
+CLIENT_DEADLINE_S = 2.0  # the most one status client can hold the status thread
+CLIENT_READ_MAX = 1 << 20  # bytes read from a client before closing on it (it sends nothing that matters)
 
 
 class StatusServer(threading.Thread):
@@ -29,6 +34,7 @@ class StatusServer(threading.Thread):
         self.snapshot = snapshot
         self._halt = threading.Event()
         self._sock = self._bind(path, mode)
+        self._wake_r, self._wake_w = os.pipe()
 
     @staticmethod
     def _bind(path: Path, mode: int) -> socket.socket:
@@ -55,40 +61,66 @@ class StatusServer(threading.Thread):
             os.umask(old)
         path.chmod(mode)
         sock.listen(8)
-        sock.settimeout(0.25)
+        sock.setblocking(False)  # run() accepts only what select() reported
         return sock
 
     def run(self) -> None:
-        """Serve until stopped."""
-        while not self._halt.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                if self._halt.is_set():
+        """Serve until stopped: asleep in select() until a client connects or `stop` writes to the wake pipe."""
+        name_os_thread()
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._sock, selectors.EVENT_READ)
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            while not self._halt.is_set():
+                ready = {key.fileobj for key, _ in sel.select()}
+                if self._halt.is_set() or self._wake_r in ready:
                     break
-                raise
-            with conn:
                 try:
-                    body = json.dumps(self.snapshot(), separators=(",", ":")).encode() + b"\n"
-                    conn.settimeout(2.0)
-                    conn.sendall(body)
-                    # whatever the client sent is ignored, but read it: closing with unread data resets the
-                    # connection, and the client could lose the answer
-                    conn.shutdown(socket.SHUT_WR)
-                    conn.settimeout(0.2)
-                    while conn.recv(65536):
-                        pass
-                except (OSError, ValueError) as exc:
-                    log.debug("status client went away: %s", exc)
+                    conn, _ = self._sock.accept()
+                except (BlockingIOError, InterruptedError):
+                    continue  # the client gave up between select and accept
+                except OSError:
+                    if self._halt.is_set():
+                        break
+                    raise
+                with conn:
+                    self._answer(conn)
+
+    def _answer(self, conn: socket.socket) -> None:
+        """One snapshot to one client, within CLIENT_DEADLINE_S whatever the client does (a client that reads
+        slowly or keeps sending cannot hold the thread; the next one waits at most that long)."""
+        deadline = time.monotonic() + CLIENT_DEADLINE_S
+        try:
+            body = json.dumps(self.snapshot(), separators=(",", ":")).encode() + b"\n"
+        except Exception:  # a bug in a snapshot must not end the status thread (edged status would go dark)
+            log.exception("status: building the snapshot failed")
+            return
+        try:
+            conn.settimeout(CLIENT_DEADLINE_S)
+            conn.sendall(body)  # the timeout bounds the whole sendall
+            # whatever the client sent is ignored, but read it: closing with unread data resets the
+            # connection, and the client could lose the answer. Bounded in time and bytes.
+            conn.shutdown(socket.SHUT_WR)
+            unread = CLIENT_READ_MAX
+            while unread > 0 and (left := deadline - time.monotonic()) > 0:
+                conn.settimeout(left)
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                unread -= len(chunk)
+        except (OSError, ValueError) as exc:
+            log.debug("status client went away: %s", exc)
 
     def stop(self) -> None:
         """Stop serving and remove the socket file."""
         self._halt.set()
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
         if self.is_alive():
-            self.join(timeout=2)
+            self.join(timeout=CLIENT_DEADLINE_S + 1)
         self._sock.close()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 

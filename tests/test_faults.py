@@ -53,7 +53,7 @@ def check_delivery(messages: list[dict[str, Any]], top: int, skipped: set[int] |
         by_seq[m["seq"]].add(json.dumps(m, sort_keys=True))
     missing = sorted(set(range(1, top + 1)) - set(by_seq) - (skipped or set()))
     assert not missing, f"{len(missing)} results never arrived and were not counted, e.g. {missing[:10]}"
-    assert max(by_seq) == top
+    assert top in by_seq or top in (skipped or set()), "the last seq neither arrived nor was counted"
     assert all(len(v) == 1 for v in by_seq.values()), "a seq arrived with two different contents"
     return len(messages) - len(by_seq)
 
@@ -105,6 +105,8 @@ def test_kill_9_at_random_points_loses_nothing_committed(
     last = start_daemon(config)
     wait_for(last.status, 30, "the daemon to come up")
     spool = last.status()["spool"]
+    # the clean run produces too (its seqs follow the last gap), then drains and stops
+    wait_for(lambda: (s := last.status()) and s["pipelines"][0]["frames"] >= 5, 30, "the clean run's results")
     drain_and_stop(last, tmp_path / "state")
     duplicates = check_all_arrived(sub, tmp_path / "state", timeout=10)
     # only what was in flight at a kill goes twice: at most the in-flight window per kill

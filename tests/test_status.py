@@ -46,6 +46,57 @@ def test_a_stale_socket_is_replaced_and_a_live_one_refused(tmp_path: Path) -> No
         server.stop()
 
 
+def test_a_client_that_keeps_sending_cannot_hold_the_status_thread(tmp_path: Path) -> None:
+    """A client that trickles bytes and never closes is cut off after the per-client deadline; the next
+    client is answered while the first one is still trying (before, the server read it for ever)."""
+    path = tmp_path / "s.sock"
+    server = StatusServer(path, lambda: {"state": "running"})
+    server.start()
+    done = threading.Event()
+    cut_off = threading.Event()
+
+    def trickle() -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(str(path))
+            try:
+                while not done.wait(0.05):
+                    sock.sendall(b"x")
+            except OSError:  # the server closed on us
+                cut_off.set()
+
+    slow = threading.Thread(target=trickle, name="test-trickle", daemon=True)
+    slow.start()
+    try:
+        assert query(path, timeout=30) == {"state": "running"}
+        wait_for(cut_off.is_set, 30, "the trickling client cut off")
+    finally:
+        done.set()
+        slow.join(5)
+        server.stop()
+    assert not server.is_alive()
+
+
+def test_a_snapshot_that_raises_does_not_end_the_status_thread(tmp_path: Path) -> None:
+    path = tmp_path / "s.sock"
+    calls = {"n": 0}
+
+    def snapshot() -> dict[str, Any]:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("a bug in a snapshot")
+        return {"state": "running"}
+
+    server = StatusServer(path, snapshot)
+    server.start()
+    try:
+        with pytest.raises(StatusError):
+            query(path, timeout=10)  # that one gets no answer
+        assert server.is_alive()
+        assert query(path, timeout=10) == {"state": "running"}  # the next one does
+    finally:
+        server.stop()
+
+
 def test_client_explains_permission_errors(tmp_path: Path) -> None:
     path = tmp_path / "s.sock"
     server = StatusServer(path, lambda: {"state": "running"}, mode=0o600)

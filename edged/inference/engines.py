@@ -21,6 +21,7 @@ import onnxruntime as ort
 from edged.config import Config, PipelineConfig
 from edged.inference import trtcache
 from edged.inference.session import TENSORRT, file_sha256, select_providers
+from edged.osthread import name_os_thread
 from edged.pipeline import Model, prepare_model
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ def build_progress(pipeline: str, path: Path, tick: Notice | None = None) -> Ite
     log.info("pipeline %s: building TensorRT engine into %s (minutes on a Jetson)", pipeline, path)
 
     def heartbeat() -> None:
+        name_os_thread()
         while not done.wait(HEARTBEAT_S):
             log.info("pipeline %s: still building TensorRT engine (%.0f s)", pipeline, time.monotonic() - started)
             if tick is not None:

@@ -62,11 +62,11 @@ class FrameSlot:
             self._cond.notify_all()
             return dropped
 
-    def get(self, timeout: float) -> Frame | None:
-        """Take the frame, waiting up to `timeout`; None on timeout or when closed and empty."""
+    def get(self, timeout: float | None) -> Frame | None:
+        """Take the frame, waiting up to `timeout` (None: until there is one); None on timeout or when
+        closed and empty."""
         with self._cond:
-            if self._frame is None and not self._closed:
-                self._cond.wait(timeout)
+            self._cond.wait_for(lambda: self._frame is not None or self._closed, timeout)
             frame, self._frame = self._frame, None
             if frame is not None:
                 self._cond.notify_all()
