@@ -14,8 +14,13 @@ I  idle: `edged run` with one pipeline at 1 frame/s, broker up: CPU (utime + sti
    A wake-up is a voluntary context switch (from /proc/<pid>/task/*/status): a thread going to sleep, on
    a timer, a lock, the GIL or I/O, and waking later. The figure includes paho's and FFmpeg's threads.
 
+L  the live path: `edged run` with `--live` pipelines (default 8) on the bundled video read at the model's
+   pace (flat out), broker up: results produced and acknowledged per second over `--live-s` seconds, and
+   the spool depth (all results not yet acknowledged) during that time.
+
 Targets: E p50 <= 15 ms, p99 <= 50 ms, E p50 within 2x of B's; write_bytes per result <= 1x the payload
-with the broker up, <= 4x with it down; idle CPU <= 1 % of a core and <= 20 wake-ups/s.
+with the broker up, <= 4x with it down; idle CPU <= 1 % of a core and <= 20 wake-ups/s;
+live path: acknowledged = produced, the spool depth level.
 A measurement, not a test: exit 0 whatever the figures are.
 
     python benchmarks/latency.py --messages 600
@@ -149,7 +154,9 @@ def frames(state: Path) -> int:
         return 0
 
 
-def start_edged(work: Path, name: str, port: int, fps: int = 30) -> tuple[subprocess.Popen[bytes], Path]:
+def start_edged(
+    work: Path, name: str, port: int, fps: int = 30, pipelines: int = 1
+) -> tuple[subprocess.Popen[bytes], Path]:
     import yaml
 
     state = work / f"state-{name}"
@@ -159,10 +166,11 @@ def start_edged(work: Path, name: str, port: int, fps: int = 30) -> tuple[subpro
         "mqtt": {"host": "127.0.0.1", "port": port},
         "pipelines": [
             {
-                "name": "cam0",
+                "name": f"cam{i}",
                 "source": {"type": "camera", "uri": str(ASSETS / "sample.mp4"), "fps": fps, "loop": True},
                 "model": {"path": str(ASSETS / "digits.int8.onnx"), "providers": ["CPUExecutionProvider"]},
             }
+            for i in range(pipelines)
         ],
     }
     path = work / f"{name}.yaml"
@@ -170,7 +178,9 @@ def start_edged(work: Path, name: str, port: int, fps: int = 30) -> tuple[subpro
     log = (work / f"{name}.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "edged", "run", "--config", str(path)], stdout=log, stderr=log)
     deadline = time.monotonic() + 60
-    while frames(state) < min(30, 3 * fps) and time.monotonic() < deadline:  # warmed up, spool and ballast made
+    while (
+        frames(state) < (min(30, 3 * fps) if fps else 30) and time.monotonic() < deadline
+    ):  # warmed up, spool and ballast made
         time.sleep(0.1)
     return proc, state
 
@@ -243,6 +253,45 @@ def measure_idle(work: Path, port: int, seconds: float) -> dict[str, Any]:
     }
 
 
+def live_counts(state: Path) -> tuple[int, int, int]:
+    """(results produced by every pipeline, results the broker acknowledged, spool depth) from the status."""
+    from edged.errors import StatusError
+    from edged.status import query
+
+    try:
+        snap = query(state / "status.sock", timeout=2.0)
+    except (StatusError, OSError):
+        return 0, 0, 0
+    produced = sum(int(p["frames"]) for p in snap["pipelines"])
+    return produced, int(snap["mqtt"]["published"]), int(snap["spool"]["depth"])
+
+
+def measure_live(work: Path, port: int, pipelines: int, seconds: float) -> dict[str, Any]:
+    """`pipelines` pipelines flat out (each video read at its model's pace), broker up: does publishing
+    keep up with production, and does the spool stay level?"""
+    proc, state = start_edged(work, f"live{pipelines}", port, fps=0, pipelines=pipelines)
+    try:
+        time.sleep(2.0)
+        (p0, a0, d0), t0 = live_counts(state), time.monotonic()
+        depths = [d0]
+        while time.monotonic() - t0 < seconds:
+            time.sleep(0.5)
+            depths.append(live_counts(state)[2])
+        (p1, a1, d1), t1 = live_counts(state), time.monotonic()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    span = t1 - t0
+    return {
+        "pipelines": pipelines,
+        "produced_s": (p1 - p0) / span,
+        "published_s": (a1 - a0) / span,
+        "depth_start": d0,
+        "depth_end": d1,
+        "depth_max": max(depths),
+    }
+
+
 def measure_bare(port: int, n: int) -> dict[str, Any]:
     sub = Latencies(port, "bare/#")
     model = str(ASSETS / "digits.int8.onnx")
@@ -257,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--messages", type=int, default=600, help="messages measured per run (30 per second)")
     parser.add_argument("--idle-s", type=float, default=20.0, help="seconds the idle daemon is measured (0: skip)")
+    parser.add_argument("--live", type=int, default=8, help="pipelines run flat out for the live path (0: skip)")
+    parser.add_argument("--live-s", type=float, default=15.0, help="seconds the live path is measured")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="edged-latency-", dir=os.environ.get("TMPDIR")) as tmp:
@@ -265,8 +316,11 @@ def main(argv: list[str] | None = None) -> int:
             edged = measure_edged(work, port, args.messages)
             bare = measure_bare(port, args.messages)
             idle = measure_idle(work, port, args.idle_s) if args.idle_s > 0 else None
+            live = measure_live(work, port, args.live, args.live_s) if args.live > 0 else None
         down = measure_edged(work, None, args.messages)
-    report = {"edged": edged, "bare": bare, "broker_down": down, "idle": idle, "load": os.getloadavg()[0]}
+    report = {
+        "edged": edged, "bare": bare, "broker_down": down, "idle": idle, "live": live, "load": os.getloadavg()[0]
+    }  # fmt: skip
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -279,6 +333,11 @@ def main(argv: list[str] | None = None) -> int:
     up, dn = edged["write_bytes_per_result"], down["write_bytes_per_result"]
     print(f"  broker up    {up:8.0f} B  ({up / payload:.2f}x payload, target <= 1x)")
     print(f"  broker down  {dn:8.0f} B  ({dn / payload:.2f}x payload, target <= 4x)")
+    if live is not None:
+        print(f"live path, {live['pipelines']} pipelines flat out, broker up")
+        print(f"  produced {live['produced_s']:.0f} results/s, acknowledged {live['published_s']:.0f}/s "
+              f"({live['published_s'] / max(1e-9, live['produced_s']):.3f}); spool depth {live['depth_start']} -> "
+              f"{live['depth_end']} (max {live['depth_max']})")  # fmt: skip
     if idle is not None:
         print(f"idle, one pipeline at 1 frame/s, broker up, {idle['seconds']:.0f} s")
         print(f"  CPU {idle['cpu_percent']:.2f} % of a core (target <= 1 %)")

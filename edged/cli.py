@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from edged import __version__
-from edged.config import default_config_path, load_config
+from edged.config import default_config_path, key_line, load_config
 from edged.errors import ConfigError, EdgedError
 from edged.logs import setup_logging
 from edged.status import EXIT_NOT_RUNNING
@@ -235,7 +235,20 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911  (one return pe
 
 
 def _check_config(path: Path) -> int:
+    from edged.inference.session import load_problem  # noqa: PLC0415  (keeps `edged status` light)
+
     config = load_config(path)
+    problems = []
+    for i, p in enumerate(config.pipelines):
+        why = load_problem(p.model.path)
+        if why is not None:
+            keys = ("pipelines", i, "model", "path")
+            line = key_line(path, keys)
+            problems.append(
+                f"{path}:{line} pipelines[{i}].model.path={p.model.path}: ONNX Runtime cannot load it: {why}"
+            )
+    if problems:
+        raise ConfigError(problems)
     print(f"{path}: OK ({len(config.pipelines)} pipeline(s), device {config.device_id})")
     return 0
 

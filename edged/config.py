@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from edged import configfile
 from edged.errors import ConfigError
 from edged.sources.sensor import SensorSourceConfig
 from edged.units import parse_duration, parse_size
@@ -269,6 +270,31 @@ class TlsConfig(Strict):
         return self
 
 
+NAME_MAX = 64  # NAME_PATTERN's longest device_id / pipeline name
+TOPIC_MAX_BYTES = 65_535  # MQTT: a topic name is a UTF-8 string with a 16-bit length
+
+
+def check_topic_template(template: str) -> str:
+    """A topic edged can publish to whatever the names: MQTT forbids wildcards, NUL and more than 65,535
+    bytes in a topic name; `$...` topics are the broker's own (Mosquitto refuses publishes to them)."""
+    longest = template.replace("{device_id}", "x" * NAME_MAX).replace("{pipeline}", "x" * NAME_MAX)
+    if not template:
+        raise ValueError("a topic cannot be empty")
+    if "+" in template or "#" in template:
+        raise ValueError("a topic to publish to cannot hold the wildcards + or #")
+    if template.startswith("$"):
+        raise ValueError("topics starting with $ belong to the broker ($SYS/...); brokers refuse publishes there")
+    if "\x00" in template:
+        raise ValueError("a topic cannot hold the NUL character")
+    try:
+        size = len(longest.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ValueError("a topic must be valid UTF-8 text") from exc
+    if size > TOPIC_MAX_BYTES:
+        raise ValueError(f"{size} bytes with the longest names ({NAME_MAX} characters); MQTT allows {TOPIC_MAX_BYTES}")
+    return template
+
+
 class MqttConfig(Strict):
     """The broker results are published to."""
 
@@ -304,6 +330,11 @@ class MqttConfig(Strict):
     stats_topic: str = Field("edged/{device_id}/stats", description="Stats message topic template.")
     stats_retain: bool = Field(True, description="Retain the stats message.")
     message_expiry: bool = Field(True, description="MQTT 5: messages expire when their spool TTL would.")
+
+    @field_validator("topic", "availability_topic", "stats_topic")
+    @classmethod
+    def _publishable_topic(cls, value: str) -> str:
+        return check_topic_template(value)
 
     @model_validator(mode="after")
     def _one_password(self) -> MqttConfig:
@@ -413,24 +444,14 @@ def default_config_path() -> Path:
 
 
 def load_config(path: Path) -> Config:
-    """Read and validate a YAML config file; raise ConfigError listing every problem."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError([f"{path}: cannot read config: {exc.strerror}"]) from exc
-    return parse_config(text, source=str(path), base_dir=path.parent)
+    """Read and validate a YAML config file; raise ConfigError listing every problem (bounded: see
+    edged/configfile.py)."""
+    return parse_config(configfile.read_text(path), source=str(path), base_dir=path.parent)
 
 
 def parse_config(text: str, source: str = "<config>", base_dir: Path | None = None) -> Config:
     """Validate YAML text; errors are `source:line key=value: message`."""
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else 1
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError([f"{source}:{line} yaml: {problem}"]) from exc
+    data, node = configfile.load(text, source)
     if not isinstance(data, dict):
         raise ConfigError([f"{source}:1 config: the file must be a YAML mapping of keys, got {type(data).__name__}"])
     lines: dict[tuple[str | int, ...], int] = {}
@@ -441,6 +462,18 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
     except ValidationError as exc:
         problems = [_format_error(err, data, lines, source) for err in exc.errors()]
         raise ConfigError(problems) from exc
+
+
+def key_line(path: Path, keys: tuple[str | int, ...]) -> int:
+    """The line of a key in a config file that already loaded (for problems found after validation)."""
+    try:
+        _, node = configfile.load(configfile.read_text(path), str(path))
+    except ConfigError:
+        return 1
+    lines: dict[tuple[str | int, ...], int] = {}
+    if node is not None:
+        _collect_lines(node, (), lines)
+    return _line_for(keys, lines)
 
 
 def config_from_dict(data: dict[str, Any], source: str = "<built-in config>") -> Config:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import select
 import signal
+import socket
 import threading
 import time
 from collections import deque
@@ -24,6 +27,7 @@ from edged.publish import PublishFilter, Snapshots
 from edged.reload import Reloader, model_file_stat
 from edged.sources import FrameSlot, Source, make_source, source_factory
 from edged.spool import Spool, SpoolLimits
+from edged.statelock import StateLock
 from edged.stats import MqttStats, PipelineStats
 from edged.status import StatusServer
 from edged.systemd import notify, watchdog_interval
@@ -74,8 +78,13 @@ class Daemon:
         self.source_kwargs = source_kwargs or {}
         self.state = "starting"
         self.started = time.monotonic()
-        self._stop = threading.Event()
-        self._wake = threading.Event()  # a stop request, or an inference worker ended: wait() looks again
+        # wait() sleeps in select() on this socket pair; a stop request, a SIGHUP or an inference worker
+        # that ended writes one byte. A signal handler must take no lock the main thread may hold (an
+        # Event's would deadlock when the signal lands while wait() is entering Event.wait), and a send()
+        # takes none.
+        self._stop_asked = False
+        self._reload_asked = False
+        self._wake: tuple[socket.socket, socket.socket] | None = None  # (read end, write end); made by start()
         self._stopped = False
         self._watchdog_warned = False
         self._drops: deque[tuple[float, int]] = deque(maxlen=4096)
@@ -89,6 +98,7 @@ class Daemon:
         self.left_in_spool = 0  # results still waiting for the broker when stop() finished
         self.publisher: Publisher | None = None
         self.status_server: StatusServer | None = None
+        self.state_lock: StateLock | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -96,6 +106,10 @@ class Daemon:
         """Open the spool, load and warm up every model, then start the threads and report READY."""
         cfg = self.config
         cfg.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        self._wake = socket.socketpair()
+        for end in self._wake:
+            end.setblocking(False)
+        self.state_lock = StateLock(cfg.state_dir)  # before anything is opened: one daemon per state_dir
         try:
             self.spool = Spool(
                 cfg.state_dir / "spool.db",
@@ -143,7 +157,7 @@ class Daemon:
                     index=i,
                     publish=publish,
                     snapshots=snapshots,
-                    on_exit=self._wake.set,
+                    on_exit=self._poke,
                 )
                 for i in range(model.loaded.concurrency)
             ]
@@ -214,15 +228,36 @@ class Daemon:
         spool, self.spool = self.spool, None
         if spool is not None:
             spool.close()
+        lock, self.state_lock = self.state_lock, None
+        if lock is not None:
+            lock.release()
+        wake, self._wake = self._wake, None
+        if wake is not None:  # a late signal's poke finds nothing to write to
+            wake[0].close()
+            wake[1].close()
 
     def request_reload(self) -> None:
-        """Re-read the config file (SIGHUP); safe from signal handlers."""
+        """Re-read the config file now (from code; a signal handler calls `signal_reload`)."""
         self.reloader.request_reload()
+
+    def signal_reload(self) -> None:
+        """SIGHUP: `wait()` passes the request on to the reloader (safe from a signal handler)."""
+        self._reload_asked = True
+        self._poke()
 
     def request_stop(self) -> None:
         """Ask `wait()` to return; safe from signal handlers and other threads."""
-        self._stop.set()
-        self._wake.set()
+        self._stop_asked = True
+        self._poke()
+
+    def _stopping(self) -> bool:
+        return self._stop_asked  # set by a signal handler or another thread (a method: not narrowed by mypy)
+
+    def _poke(self) -> None:
+        wake = self._wake
+        if wake is not None:
+            with contextlib.suppress(OSError):  # full (a wake-up is already pending) or closed (stopped)
+                wake[1].send(b"!")
 
     def wait(self) -> None:
         """Block until a stop is requested or every pipeline has ended; feed sd_notify STATUS= and WATCHDOG=.
@@ -231,12 +266,19 @@ class Daemon:
         next_log, next_status, next_ping = now + LOG_EVERY_S, now, now
         ping_every = watchdog_interval()
         notifying = bool(os.environ.get("NOTIFY_SOCKET"))
-        while not self._stop.is_set():
+        wake = self._wake
+        if wake is None:
+            raise RuntimeError("Daemon.wait() before start()")
+        while not self._stopping():
             timers = [next_log] + ([next_status] if notifying else []) + ([next_ping] if ping_every else [])
-            self._wake.wait(max(0.0, min(timers) - time.monotonic()))
-            self._wake.clear()
-            if self._stop.is_set():
+            select.select([wake[0]], [], [], max(0.0, min(timers) - time.monotonic()))
+            with contextlib.suppress(OSError):
+                wake[0].recv(4096)
+            if self._stopping():
                 return
+            if self._reload_asked:
+                self._reload_asked = False
+                self.reloader.request_reload()
             now = time.monotonic()
             if notifying and now >= next_status:
                 next_status = now + STATUS_EVERY_S
@@ -312,6 +354,7 @@ class Daemon:
         threads: list[tuple[str, threading.Thread | None]] = [
             ("edged-mqtt", self.publisher),
             ("edged-status", self.status_server),
+            ("edged-reload", self.reloader),
         ]
         if self.spool is not None:
             threads.append(("edged-spool-writer", self.spool._writer))
@@ -386,7 +429,7 @@ def run_daemon(daemon: Daemon) -> int:
         daemon.request_stop()
 
     def on_hup(_signum: int, _frame: FrameType | None) -> None:
-        daemon.request_reload()
+        daemon.signal_reload()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hup)

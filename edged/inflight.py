@@ -3,8 +3,12 @@
 Both of the publisher's threads touch it: paho's network thread reports PUBACKs (`acked`), the
 `edged-mqtt` thread registers what it handed to paho and collects the acknowledged row ids. One lock,
 never held while calling paho. It also keeps "careful mode": after a connection dropped with messages in
-flight, one message at a time is sent until one is acknowledged, so a message that makes the broker hang
-up every time can be found and refused (and, after `dead_letter_after` refusals, set aside).
+flight, one message is sent alone, and each acknowledgement doubles the window (1, 2, 4, ... as TCP's slow
+start) until it is back to `max_inflight`. A message that makes the broker hang up every time is then
+found alone in flight and refused (after `dead_letter_after` refusals, set aside), at a cost of a few
+connections (a culprit caught in a wider window costs one more drop and starts over at 1 past the rows
+acknowledged meanwhile), while a drop that was nobody's fault (a broker restart) costs only a few
+round trips, also on a slow link.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class InFlight:
         self._early: dict[int, Any] = {}  # acks that arrived before their message was registered
         self._acked = Acked()
         self.careful = False
+        self.careful_window = 1  # messages in flight at most while careful
         self.sent_at = 0.0
         self.carried = False  # a result was acknowledged on this connection
 
@@ -94,7 +99,9 @@ class InFlight:
             if failed:
                 self._acked.refused.append((message.ids, f"broker refused the message: {reason}"))
                 return True
-            self.careful = False
+            if self.careful:
+                self.careful_window *= 2
+                self.careful = self.careful_window < self.wake_below
             self.carried = True
             self._acked.ids.extend(message.ids)
             self._acked.ts.extend(message.stamps)
@@ -107,12 +114,14 @@ class InFlight:
         return out
 
     def dropped(self, reason: Any, stopping: bool) -> list[int]:
-        """The connection dropped; the row ids blamed for it (careful mode, one message in flight)."""
+        """The connection dropped; the row ids blamed for it (careful mode, one message alone in flight)."""
         with self.lock:
             if not self.messages or stopping:
                 return []
-            blamed = [i for m in self.messages.values() for i in m.ids] if self.careful and self._blames(reason) else []
+            alone = self.careful and len(self.messages) == 1
+            blamed = [i for m in self.messages.values() for i in m.ids] if alone and self._blames(reason) else []
             self.careful = True
+            self.careful_window = 1
             return blamed
 
     def _blames(self, reason: Any) -> bool:

@@ -217,7 +217,7 @@ class Publisher(threading.Thread):
         # at the GIL would slow it down: few, large bursts are cheaper than many small ones). With
         # batching the bound counts results: big messages need no long queue, and each one costs memory.
         careful = window.careful
-        size = 1 if careful else max(self.cfg.max_inflight + 1, HANDOFF_RESULTS // self.cfg.batch)
+        size = window.careful_window if careful else max(self.cfg.max_inflight + 1, HANDOFF_RESULTS // self.cfg.batch)
         room = min(size - len(window), self._rate.allow())
         if room <= 0:
             return
@@ -261,7 +261,7 @@ class Publisher(threading.Thread):
     def _groups(self, rows: list[Row], careful: bool) -> list[list[Row]]:
         """Consecutive rows with the same topic, up to `batch` per message."""
         if careful:
-            return [[rows[0]]]
+            return [[row] for row in rows]  # one result per message: a culprit is found alone
         if self.cfg.batch == 1:
             return [[row] for row in rows]
         groups: list[list[Row]] = []

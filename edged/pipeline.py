@@ -21,7 +21,7 @@ from edged.inference.postprocess import Postprocessor, make_postprocessor
 from edged.inference.preprocess import Preprocessor, PreprocessSpec
 from edged.inference.session import LoadedModel, load_model, warm_up
 from edged.inference.window import WindowSpec, WindowTransform
-from edged.osthread import name_os_thread
+from edged.osthread import INFERENCE_NICE, name_os_thread, yield_cpu_to_delivery
 from edged.publish import PublishFilter, Snapshots
 from edged.sources.base import Frame, FrameSlot
 from edged.spool import Spool
@@ -180,6 +180,7 @@ class InferenceWorker(threading.Thread):
     def run(self) -> None:
         """Until the source closes its slot: the frame in flight is always finished and stored."""
         name_os_thread()
+        yield_cpu_to_delivery(INFERENCE_NICE)
         try:
             self._loop()
         finally:

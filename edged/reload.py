@@ -82,10 +82,14 @@ class Reloader(threading.Thread):
             self._wake.clear()
             if self._halt.is_set():
                 return
-            if self._reload_asked:
-                self._reload_asked = False
-                self.reload()
-            self.poll_models()
+            try:
+                if self._reload_asked:
+                    self._reload_asked = False
+                    self.reload()
+                self.poll_models()
+            except Exception as exc:  # this thread must outlive any one bad reload or model file
+                log.exception("reload: unexpected error; the running config and models stay")
+                self._record("failed", [f"unexpected error: {type(exc).__name__}: {exc}"])
 
     # -- reload ---------------------------------------------------------------------------------------
 
@@ -103,7 +107,18 @@ class Reloader(threading.Thread):
             self._record("rejected", exc.problems)
             notify("READY=1")
             return False
-        notes = self._apply(new)
+        except Exception as exc:  # whatever the file holds, RELOADING=1 is followed by READY=1
+            log.exception("reload rejected, the running config stays")
+            self._record("rejected", [f"{self.config_path}: {type(exc).__name__}: {exc}"])
+            notify("READY=1")
+            return False
+        try:
+            notes = self._apply(new)
+        except Exception as exc:
+            log.exception("reload failed part-way; what was applied stays, the rest keeps the running config")
+            self._record("failed", [f"applying {self.config_path}: {type(exc).__name__}: {exc}"])
+            notify("READY=1")
+            return False
         for note in notes:
             log.warning("reload: %s", note)
         self._record("applied", notes)

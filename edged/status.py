@@ -34,7 +34,7 @@ class StatusServer(threading.Thread):
         self.snapshot = snapshot
         self._halt = threading.Event()
         self._sock = self._bind(path, mode)
-        self._wake_r, self._wake_w = os.pipe()
+        self._wake_r, self._wake_w = socket.socketpair()
 
     @staticmethod
     def _bind(path: Path, mode: int) -> socket.socket:
@@ -114,13 +114,12 @@ class StatusServer(threading.Thread):
         """Stop serving and remove the socket file."""
         self._halt.set()
         with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
+            self._wake_w.send(b"x")
         if self.is_alive():
             self.join(timeout=CLIENT_DEADLINE_S + 1)
         self._sock.close()
-        for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        self._wake_r.close()
+        self._wake_w.close()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 

@@ -193,6 +193,48 @@ def test_a_message_the_broker_always_rejects_is_dead_lettered_and_the_rest_flows
     assert reason  # the broker's reason code, e.g. "Implementation specific error"
 
 
+def test_a_broker_that_hangs_up_over_a_message_causes_no_reconnect_storm(
+    tmp_path: Path, own_broker: Broker, subscribe
+) -> None:
+    """mosquitto's max_packet_size: it drops the connection on a packet over the limit. Before, the backoff
+    reset on every CONNACK and refusals counted once per commit: 10,998 connections in 15 s. Now each culprit
+    costs about dead_letter_after connections, then the queue flows and later results go on that connection."""
+    own_broker.extra_conf = "max_packet_size 300\n"
+    own_broker.start()
+    sub = subscribe(own_broker, "edged/storm/#")
+    spool = Spool(tmp_path / "s.db", batch_ms=10, limits=SpoolLimits(dead_letter_after=3, ballast_bytes=0))
+    spool.start()
+
+    def put(i: int, pad: int) -> None:
+        body = {"v": 1, "pipeline": "cam0", "seq": i, "pad": "x" * pad}
+        spool.append("cam0", spool.next_seq("cam0"), time.time(), "edged/storm/cam0/results", json.dumps(body).encode())
+
+    for i in range(1, 101):
+        put(i, 400 if i in (5, 50) else 10)
+    cfg = MqttConfig.model_validate(
+        {"host": own_broker.host, "port": own_broker.port, "reconnect_min_s": 0.05, "reconnect_max_s": 0.2}
+    )
+    stats = MqttStats()
+    pub = Publisher(cfg, "storm", spool, stats)
+    pub.start()
+    try:
+        wait_for(lambda: spool.stats()["dead_letters"] == 2 and spool.depth == 0, 30, "two dead letters, the rest sent")
+        connects = stats.connects
+        # per culprit: a drop with a full window (careful mode starts), at most log2(window) = 5 more while the
+        # window grows back (1, 2, 4, ...), then dead_letter_after drops with it alone in flight. 10-12 measured
+        # for the two; 10,998 in 15 s before
+        assert connects <= 2 * (1 + 5 + 3) + 1, f"{connects} connections for two bad messages"
+        for i in range(101, 111):  # aftermath: later results flow on the same connection
+            put(i, 10)
+        wait_for(lambda: len({m["seq"] for m in sub.results()}) >= 108, 30, "the later ten")
+        assert stats.connects == connects
+    finally:
+        pub.request_stop(1.0)
+        pub.join(10)
+        spool.close()
+    assert {m["seq"] for m in sub.results()} == {i for i in range(1, 111) if i not in (5, 50)}
+
+
 @pytest.mark.parametrize("policy", ["drop_oldest", "drop_newest"])
 def test_quota_reached_during_an_outage_drop_counters_match_exactly(
     tmp_path: Path, own_broker: Broker, subscribe, policy: str

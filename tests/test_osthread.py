@@ -29,3 +29,31 @@ def test_a_thread_names_itself_for_the_os() -> None:
     thread.start()
     thread.join(10)
     assert seen == ["spool-writer"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_a_stage_yields_the_cpu_to_the_ones_after_it_and_its_children_inherit() -> None:
+    """Capture and inference threads raise their own nice value (no privilege needed); the threads they start
+    (FFmpeg's decoders) inherit it; the calling thread (delivery) keeps its own."""
+    import os
+
+    from edged.osthread import CAPTURE_NICE, yield_cpu_to_delivery
+
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen: dict[str, int] = {}
+
+    def child() -> None:
+        seen["child"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    def stage() -> None:
+        yield_cpu_to_delivery(CAPTURE_NICE)
+        seen["stage"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        inner = threading.Thread(target=child, name="test-decoder")
+        inner.start()
+        inner.join(10)
+
+    thread = threading.Thread(target=stage, name="edged-source-test")
+    thread.start()
+    thread.join(10)
+    assert seen == {"stage": min(19, base + CAPTURE_NICE), "child": min(19, base + CAPTURE_NICE)}
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base

@@ -165,6 +165,20 @@ def provider_options(cfg: ModelConfig, provider: str, state_dir: Path, sha256: s
     return opts
 
 
+def load_problem(path: Path) -> str | None:
+    """Why ONNX Runtime cannot load this model file (on CPU, no optimization: quick), or None when it can.
+    `check-config` and `inspect` use it: an empty, truncated or too-new (opset) model is caught there."""
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001  (any failure is the answer to "does it load?")
+        text = str(exc).strip().splitlines()
+        return text[0] if text else type(exc).__name__
+    return None
+
+
 def load_model(cfg: ModelConfig, state_dir: Path, *, cores: int | None = None) -> LoadedModel:
     """Build the session, read back the providers it really uses, and apply `require_provider`.
 

@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from edged.backoff import Backoff
 from edged.config import CameraSourceConfig
-from edged.osthread import name_os_thread
+from edged.osthread import CAPTURE_NICE, name_os_thread, yield_cpu_to_delivery
 from edged.sources.base import Frame, FrameSlot, Source, Transform, register
 from edged.stats import PipelineStats
 
@@ -98,6 +98,7 @@ class CameraSource(Source):
     def run(self) -> None:
         """Open, read, and on failure reopen with backoff, until stopped or the file ended for good."""
         name_os_thread()
+        yield_cpu_to_delivery(CAPTURE_NICE)  # before the capture opens: FFmpeg's decoder threads inherit it
         backoff = Backoff(self.cfg.reconnect_min_s, self.cfg.reconnect_max_s)
         failures_logged = 0
         try:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from edged.backoff import Backoff
 from edged.errors import SourceError
 from edged.inference.window import WindowSpec, WindowTransform
-from edged.osthread import name_os_thread
+from edged.osthread import CAPTURE_NICE, name_os_thread, yield_cpu_to_delivery
 from edged.sources.base import Frame, FrameSlot, Source, register
 from edged.sources.sensor_io import (
     CommandTransport,
@@ -280,6 +280,7 @@ class SensorSource(Source):
     def run(self) -> None:
         """Open, read, and on failure reopen with backoff, until stopped."""
         name_os_thread()
+        yield_cpu_to_delivery(CAPTURE_NICE)
         backoff = Backoff(self.cfg.reconnect_min_s, self.cfg.reconnect_max_s)
         failures = 0
         try:

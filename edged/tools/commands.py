@@ -39,8 +39,9 @@ def _emit(args: argparse.Namespace, report: dict[str, Any], render: Any) -> None
 def _inspect(args: argparse.Namespace) -> int:
     from edged.tools.inspect import inspect_model, render_inspect  # noqa: PLC0415
 
-    _emit(args, inspect_model(args.model), render_inspect)
-    return 0
+    report = inspect_model(args.model)
+    _emit(args, report, render_inspect)
+    return 0 if report["onnxruntime"]["loads"] else 1  # the report says why; a script sees it too
 
 
 def _quantize(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 import onnxruntime as ort
 
 from edged.errors import ToolError
-from edged.inference.session import file_sha256
+from edged.inference.session import file_sha256, load_problem
 from edged.tools.common import available_providers, check_model_file, human_bytes, require_onnx, stdout_console
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,8 @@ def inspect_model(path: Path) -> dict[str, Any]:
     graph = model.graph
     init_names = {t.name for t in graph.initializer}
     opsets = {op.domain or "ai.onnx": int(op.version) for op in model.opset_import}
-    loads, load_error = _loads_in_onnxruntime(path)
+    load_error = load_problem(path)
+    loads = load_error is None
     report: dict[str, Any] = {
         "path": str(path),
         "size_bytes": path.stat().st_size,
@@ -63,18 +64,6 @@ def inspect_model(path: Path) -> dict[str, Any]:
     report["dynamic"] = any(d is None or isinstance(d, str) for io in report["inputs"] for d in io["shape"])
     report["warnings"] = _warnings(report)
     return report
-
-
-def _loads_in_onnxruntime(path: Path) -> tuple[bool, str | None]:
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # noqa: BLE001  (any failure is the answer to "does it load?")
-        text = str(exc).strip().splitlines()
-        return False, text[0] if text else type(exc).__name__
-    return True, None
 
 
 def _value_info(v: Any) -> dict[str, Any]:
