@@ -267,6 +267,38 @@ def test_a_damaged_database_is_moved_aside_and_seq_keeps_increasing(tmp_path: Pa
     again.close()
 
 
+def test_a_quarantined_file_s_unsent_rows_are_counted_and_its_counters_survive(tmp_path: Path) -> None:
+    """Finding 5: rows abandoned in a quarantined file were never counted, and the drop counters reset.
+    The damage here is targeted (the dead_letters table's root page), so the rest of the file can be read."""
+    spool = policy_spool(tmp_path, max_bytes=2000)
+    add_sized(spool, 30, size=200)  # the bound keeps about 10: 20 evicted, counted
+    before = spool.stats()
+    spool.close()
+    assert before["depth"] > 0
+    assert before["dropped_by_reason"]["full_evicted_oldest"] > 0
+    db = tmp_path / "s.db"
+    with sqlite3.connect(db) as conn:
+        (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'dead_letters'").fetchone()
+        page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    conn.close()
+    data = bytearray(db.read_bytes())
+    data[(root - 1) * page_size + (100 if root == 1 else 0)] = 0xFF  # an impossible b-tree page type
+    db.write_bytes(bytes(data))
+    again = Spool(db)
+    try:
+        assert again.recovered_from is not None
+        dropped = again.stats()["dropped_by_reason"]
+        assert dropped["quarantined"] == before["depth"]  # the unsent rows, counted
+        assert dropped["full_evicted_oldest"] == before["dropped_by_reason"]["full_evicted_oldest"]  # carried over
+        assert again.next_seq("p") == 31  # seq continues after the damaged file's
+        again.start()
+        again.append("p", 31, 0.0, "t", b"after")  # aftermath: the fresh file buffers
+        assert again.flush()
+        assert again.depth == 1
+    finally:
+        again.close()
+
+
 def test_a_truncated_wal_loses_at_most_the_torn_commit(tmp_path: Path) -> None:
     spool = policy_spool(tmp_path)
     add_sized(spool, 30)
