@@ -29,7 +29,7 @@ class Acked:
     """What the broker acknowledged since the last `collect`."""
 
     ids: list[int] = field(default_factory=list)
-    ts: list[tuple[str, float]] = field(default_factory=list)  # (pipeline, capture time) per result
+    e2e: list[tuple[str, float]] = field(default_factory=list)  # (pipeline, capture to PUBACK in ms) per result
     refused: list[tuple[list[int], str]] = field(default_factory=list)  # (row ids, reason)
 
 
@@ -49,7 +49,7 @@ class InFlight:
         self.wake_below = wake_below  # wake the edged-mqtt thread when fewer than this are in flight
         self.lock = threading.Lock()
         self.messages: dict[int, Message] = {}
-        self._early: dict[int, Any] = {}  # acks that arrived before their message was registered
+        self._early: dict[int, tuple[Any, float]] = {}  # acks (reason, arrival) before their message was registered
         self._acked = Acked()
         self.careful = False
         self.careful_window = 1  # messages in flight at most while careful
@@ -73,9 +73,11 @@ class InFlight:
             self.messages.clear()
             self._early.clear()
 
-    def register(self, sent: list[tuple[int, Message]]) -> None:
-        """Messages just handed to paho (one lock for the whole burst)."""
-        early: list[tuple[int, Any]] = []
+    def register(self, sent: list[tuple[int, Message]]) -> bool:
+        """Messages just handed to paho (one lock for the whole burst). True when some were acknowledged
+        already (on loopback a PUBACK can beat this call): the caller collects them now, not at its next
+        wake-up."""
+        early: list[tuple[int, tuple[Any, float]]] = []
         with self.lock:
             self.sent_at = time.monotonic()
             for mid, message in sent:
@@ -85,16 +87,19 @@ class InFlight:
                 # what is left are acks of the availability and stats messages: dropped now, so that a
                 # stale entry can never be taken for a later message that reuses its mid
                 self._early.clear()
-        for mid, reason in early:
-            self.acked(mid, reason)
+        for mid, (reason, at) in early:
+            self.acked(mid, reason, at)
+        return bool(early)
 
-    def acked(self, mid: int, reason: Any) -> bool:
-        """A PUBACK (paho's thread). True when the edged-mqtt thread should wake up."""
+    def acked(self, mid: int, reason: Any, at: float | None = None) -> bool:
+        """A PUBACK (paho's thread; `at`: when it arrived, default now). True when the edged-mqtt thread
+        should wake up."""
         failed = bool(getattr(reason, "is_failure", False))
+        at = time.time() if at is None else at
         with self.lock:
             message = self.messages.pop(mid, None)
             if message is None:
-                self._early[mid] = reason
+                self._early[mid] = (reason, at)
                 return False
             if failed:
                 self._acked.refused.append((message.ids, f"broker refused the message: {reason}"))
@@ -104,7 +109,7 @@ class InFlight:
                 self.careful = self.careful_window < self.wake_below
             self.carried = True
             self._acked.ids.extend(message.ids)
-            self._acked.ts.extend(message.stamps)
+            self._acked.e2e.extend((pipeline, max(0.0, (at - ts) * 1e3)) for pipeline, ts in message.stamps)
             return len(self.messages) < self.wake_below  # room for another burst (not on every ack)
 
     def collect(self) -> Acked:

@@ -238,7 +238,8 @@ class Publisher(threading.Thread):
         finally:
             if sent:
                 self._rate.take(len(sent))
-                window.register(sent)
+                if window.register(sent):
+                    self._wake.set()  # acknowledged already: collect them on the next turn, at once
 
     def _publish_rows(self, client: paho.Client, groups: list[list[Row]], sent: list[tuple[int, Message]]) -> None:
         """Hand the groups to paho, one message each, recording (mid, message) in `sent`."""
@@ -324,7 +325,7 @@ class Publisher(threading.Thread):
         acked = self.window.collect()
         if acked.ids:
             self.spool.ack(acked.ids)
-            self.stats.count_published(len(acked.ids), acked.ts)
+            self.stats.count_published(len(acked.ids), acked.e2e)
             self._refused_backoff.reset()
         for ids, why in acked.refused:
             self._refuse(ids, why)

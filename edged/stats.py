@@ -166,8 +166,8 @@ class MqttStats:
     _acks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=256), repr=False)
     _e2e: dict[str, deque[float]] = field(default_factory=dict, repr=False)  # capture -> PUBACK, ms
 
-    def count_published(self, n: int, stamps: list[tuple[str, float]] | None = None) -> None:
-        """`n` results were acknowledged by the broker; `stamps`: (pipeline, capture time) of each."""
+    def count_published(self, n: int, e2e: list[tuple[str, float]] | None = None) -> None:
+        """`n` results were acknowledged by the broker; `e2e`: (pipeline, capture to PUBACK in ms) of each."""
         now = time.monotonic()
         wall = time.time()
         with self.lock:
@@ -175,11 +175,11 @@ class MqttStats:
             self.last_publish_ts = wall
             self.last_ack_mono = now
             self._acks.append((now, n))
-            for pipeline, ts in stamps or ():
+            for pipeline, ms in e2e or ():
                 window = self._e2e.get(pipeline)
                 if window is None:
                     window = self._e2e[pipeline] = deque(maxlen=WINDOW)
-                window.append(max(0.0, (wall - ts) * 1e3))
+                window.append(ms)
 
     def e2e(self, pipeline: str) -> dict[str, float]:
         """Capture-to-PUBACK latency of a pipeline's recent results: p50/p95/p99 in ms."""

@@ -17,7 +17,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from edged.config import MqttConfig
-from edged.inflight import Message
+from edged.inflight import InFlight, Message
 from edged.mqtt import PackedProperties, Publisher, topic_for
 from edged.spool import Spool
 from edged.stats import MqttStats
@@ -202,6 +202,22 @@ def test_an_early_ack_of_another_message_is_never_taken_for_a_later_one(tmp_path
     assert {mid: m.ids for mid, m in pub.window.messages.items()} == {7: [2]}
     assert pub.stats.published == 1
     spool.close()
+
+
+def test_an_ack_that_beats_its_registration_counts_its_arrival_time_and_is_collected_at_once() -> None:
+    """On loopback a PUBACK can reach paho's thread before the edged-mqtt thread registered the message:
+    register() says so (the thread collects it at once, not at its next wake-up, a frame later), and the
+    capture -> PUBACK figure is the ack's arrival, not the time it was collected."""
+    window = InFlight("5", wake_below=32)
+    success = ReasonCode(PacketTypes.PUBACK, "Success")
+    window.acked(5, success, at=1000.010)  # arrived 10 ms after the capture below
+    assert window.register([(5, Message([1], [("cam0", 1000.000)]))]) is True
+    assert window.register([(6, Message([2], [("cam0", 1000.5)]))]) is False  # nothing early this time
+    acked = window.collect()
+    assert acked.ids == [1]
+    ((pipeline, ms),) = acked.e2e
+    assert pipeline == "cam0"
+    assert ms == pytest.approx(10.0, abs=0.01)
 
 
 def test_periodic_stats_message(tmp_path: Path, broker: Broker, subscribe) -> None:
