@@ -7,7 +7,13 @@
 #   sudo deploy/install.sh --uninstall --purge   # ... and /etc/edged, /var/lib/edged and the user too
 #
 # Options: --platform pi|jetson|generic (default: detected), --prefix DIR (install into a staging root,
-# e.g. for packaging or tests: no systemctl, users are created in DIR/etc), --no-enable.
+# e.g. for packaging or tests: users are created in DIR/etc, the unit is enabled offline there),
+# --no-enable, --with-systemd-python (apt-installs its build dependencies, then the `systemd` extra),
+# --no-gpu-check (a Jetson image built where the GPU is not reachable, e.g. a chroot on another machine).
+#
+# Platform packages: on a Jetson (always) and on a Pi with the distribution's python3-opencv (for
+# libcamera/GStreamer) the venv sees the system's packages, and pip installs only the dependencies the
+# platform does not provide (deploy/pydeps.py): NVIDIA's onnxruntime-gpu and JetPack's OpenCV stay in use.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -18,6 +24,8 @@ action=install
 purge=0
 start=0
 enable=1
+with_systemd=0
+gpu_check=1
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -25,9 +33,11 @@ while [ $# -gt 0 ]; do
     --purge) purge=1 ;;
     --start) start=1 ;;
     --no-enable) enable=0 ;;
+    --with-systemd-python) with_systemd=1 ;;
+    --no-gpu-check) gpu_check=0 ;;
     --prefix) prefix=$(realpath -m "$2"); shift ;;
     --platform) platform="$2"; shift ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -70,21 +80,84 @@ ensure_user() {
   fi
 }
 
+system_site() {
+  # the platform's own onnxruntime-gpu / OpenCV must win over PyPI's wheels
+  [ "$platform" = jetson ] && return 0
+  [ "$platform" = pi ] && python3 -c 'import cv2' >/dev/null 2>&1 && return 0
+  return 1
+}
+
+# `import MODULE` with the venv's python: tells a crash (an emulator, a wheel for another CPU) from a
+# module that did not install
+check_import() {
+  local module="$1" rc=0 err
+  err=$("$venv/bin/python" -c "import $module" 2>&1 >/dev/null) || rc=$?
+  [ "$rc" -eq 0 ] && return 0
+  if [ "$rc" -ge 128 ]; then
+    die "'import $module' crashed (signal $((rc - 128))): the installed wheel does not run on this CPU or emulator"
+  fi
+  die "$module did not install into $venv: $(printf '%s' "$err" | tail -n 1)"
+}
+
 install_venv() {
   mkdir -p "$(dirname "$venv")"
   local site=()
-  # on Jetson the system's OpenCV (GStreamer) and NVIDIA's onnxruntime-gpu wheel must win over pip's
-  [ "$platform" = jetson ] && site=(--system-site-packages)
+  system_site && site=(--system-site-packages)
   if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "${site[@]}" "$venv" || die "python3 -m venv failed: install python3-venv (apt)"
-    say "created $venv"
+    say "created $venv${site[*]:+ (with the system packages visible)}"
   fi
   "$venv/bin/python" -m pip install -q --upgrade pip >/dev/null
   say "installing edged from $repo into $venv"
-  "$venv/bin/python" -m pip install -q --upgrade "$repo" 2>&1 | grep -vE '^(WARNING: Location|  )' || true
-  "$venv/bin/python" -c 'import edged.daemon' || die "edged (or a dependency) did not install into $venv"
+  if [ ${#site[@]} -gt 0 ]; then
+    local reqs
+    reqs=$("$venv/bin/python" "$repo/deploy/pydeps.py" --explain 2> >(sed 's/^/edged-install: /' >&2)) \
+      || die "a platform package is broken (above)"
+    "$venv/bin/python" -m pip install -q --upgrade --no-deps "$repo" 2>&1 | grep -vE '^(WARNING: Location|  )' || true
+    # shellcheck disable=SC2086  # one requirement per line, none with spaces
+    [ -z "$reqs" ] || "$venv/bin/python" -m pip install -q $reqs 2>&1 | grep -vE '^(WARNING: Location|  )' || true
+  else
+    "$venv/bin/python" -m pip install -q --upgrade "$repo" 2>&1 | grep -vE '^(WARNING: Location|  )' || true
+  fi
+  if [ "$with_systemd" -eq 1 ]; then
+    install_systemd_python
+  fi
+  check_import onnxruntime
+  check_import cv2
+  check_import edged.daemon
   mkdir -p "$(dirname "$bin_link")"
   ln -sfn /opt/edged/venv/bin/edged "$bin_link"
+}
+
+install_systemd_python() {
+  # systemd-python has no wheels for arm64: pip builds it, with these
+  local deps=(gcc python3-dev libsystemd-dev pkg-config)
+  if [ -z "$prefix" ] && command -v apt-get >/dev/null; then
+    say "installing systemd-python's build dependencies (apt): ${deps[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${deps[@]}" >/dev/null \
+      || die "apt-get install ${deps[*]} failed"
+  fi
+  "$venv/bin/python" -m pip install -q "systemd-python>=234" \
+    || die "systemd-python did not build: it needs ${deps[*]} (apt)"
+  check_import systemd.journal
+}
+
+report_runtime() {
+  # what the installed onnxruntime offers and whether OpenCV can open GStreamer pipelines
+  local providers gst
+  providers=$("$venv/bin/python" -c 'import onnxruntime as o; print(" ".join(o.get_available_providers()))')
+  gst=$("$venv/bin/python" -c '
+import cv2, re
+m = re.search(r"GStreamer:\s*(\w+)", cv2.getBuildInformation())
+print(m.group(1) if m else "NO")')
+  say "onnxruntime $("$venv/bin/python" -c 'import onnxruntime as o; print(o.__version__)') offers: $providers"
+  say "OpenCV $("$venv/bin/python" -c 'import cv2; print(cv2.__version__)') GStreamer: $gst"
+  if [ "$platform" = jetson ] && [ "$gpu_check" -eq 1 ]; then
+    case " $providers " in
+      *" TensorrtExecutionProvider "*|*" CUDAExecutionProvider "*) ;;
+      *) die "this is a Jetson, but onnxruntime offers no CUDA or TensorRT provider: install NVIDIA's onnxruntime-gpu wheel for your JetPack system-wide (README, Supported platforms), then run this again (or --no-gpu-check to build an image elsewhere)" ;;
+    esac
+  fi
 }
 
 install_files() {
@@ -122,8 +195,18 @@ enable_service() {
     elif systemctl is-active --quiet edged; then
       systemctl restart edged && say "restarted the running edged.service with the new version"
     fi
+  elif [ "$enable" -eq 1 ]; then
+    # an image build (pi-gen, a chroot) or a staging root: enabling is only a symlink, offline
+    local wants="$unit_dir/multi-user.target.wants"
+    if command -v systemctl >/dev/null && systemctl --root="${prefix:-/}" enable edged >/dev/null 2>&1; then
+      say "enabled edged.service offline (systemctl --root=${prefix:-/}; no running systemd here)"
+    else
+      install -d -m 0755 "$wants"
+      ln -sfn /etc/systemd/system/edged.service "$wants/edged.service"
+      say "enabled edged.service offline (symlink in $wants; no running systemd here)"
+    fi
   else
-    say "no running systemd here (or --prefix): not calling systemctl"
+    say "no running systemd here and --no-enable: the unit stays disabled"
   fi
 }
 
@@ -131,7 +214,8 @@ uninstall() {
   if systemd_live; then
     systemctl disable --now edged >/dev/null 2>&1 || true
   fi
-  rm -f "$unit_dir/edged.service" "$unit_dir/edged.service.d/jetson-gpu.conf" "$bin_link"
+  rm -f "$unit_dir/edged.service" "$unit_dir/edged.service.d/jetson-gpu.conf" "$bin_link" \
+    "$unit_dir/multi-user.target.wants/edged.service"
   rmdir "$unit_dir/edged.service.d" 2>/dev/null || true
   rm -rf "$prefix/opt/edged"
   systemd_live && systemctl daemon-reload
@@ -156,6 +240,7 @@ fi
 say "platform: $platform${prefix:+, prefix $prefix}"
 ensure_user
 install_venv
+report_runtime
 install_files
 enable_service
 cat <<EOF

@@ -1,15 +1,21 @@
 """deploy/install.sh against a staging root (--prefix): every step it runs, without touching this machine.
 
 A real chroot or container is not available to the test suite, so the installer's --prefix mode runs each
-step (user and group via useradd/groupadd --prefix, the venv and pip install, unit, drop-in, config, models)
-into a temporary root; only systemctl is skipped, which the script reports.
+step (user and group via useradd/groupadd --prefix, the venv and pip install, unit, drop-in, config, models,
+enabling the unit offline) into a temporary root.
+
+There is no Jetson here: NVIDIA's onnxruntime-gpu and JetPack's OpenCV are stood in for by "system" packages
+on PYTHONPATH (this venv's real onnxruntime, cv2 and numpy, linked into a folder, with an onnxruntime-gpu
+dist-info), which a venv made with --system-site-packages sees the way it sees /usr/lib/python3/dist-packages.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +24,41 @@ from conftest import REPO
 INSTALL = REPO / "deploy" / "install.sh"
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(INSTALL), *args], capture_output=True, text=True, timeout=600, check=False)
+PYDEPS = REPO / "deploy" / "pydeps.py"
+
+
+def run(*args: str, system: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(system)} if system is not None else None
+    return subprocess.run(
+        ["bash", str(INSTALL), *args], capture_output=True, text=True, timeout=600, check=False, env=env
+    )
+
+
+def stand_in_system(folder: Path, *modules: str) -> Path:
+    """A folder of "system-wide" packages: this venv's real ones, linked (see the module docstring)."""
+    import importlib
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in modules:
+        pkg = Path(importlib.import_module(name).__file__ or "").parent
+        (folder / name).symlink_to(pkg)
+        libs = pkg.parent / {"cv2": "opencv_python_headless.libs", "numpy": "numpy.libs"}.get(name, "-")
+        if libs.exists():
+            (folder / libs.name).symlink_to(libs)
+    if "onnxruntime" in modules:  # what NVIDIA's wheel calls itself: not "onnxruntime" to pip
+        info = folder / "onnxruntime_gpu-1.32.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: onnxruntime-gpu\nVersion: 1.32.0\n")
+    return folder
+
+
+def pydeps(system: Path | None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(system)} if system is not None else {**os.environ, "PYTHONPATH": ""}
+    # -I would drop PYTHONPATH; a bare interpreter (not this venv) so that only the stand-ins are "system"
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    return subprocess.run(
+        [str(base), str(PYDEPS), "--explain"], capture_output=True, text=True, timeout=120, check=False, env=env
+    )
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +75,33 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return r
 
 
-def test_install_is_complete_and_idempotent_then_uninstall_keeps_data_and_purge_removes_it(root: Path) -> None:
-    first = run("--prefix", str(root))
+def check_platform_packages_kept(res: subprocess.CompletedProcess[str], root: Path) -> None:
+    """The platform's onnxruntime, OpenCV and numpy stay in use: none of them from PyPI in the venv; the
+    installer says what the runtime offers."""
+    assert "onnxruntime is provided by the platform" in res.stderr
+    assert "cv2 is provided by the platform" in res.stderr
+    site = next((root / "opt/edged/venv/lib").glob("python3*/site-packages"))
+    assert not [p.name for p in site.iterdir() if p.name.lower().startswith(("onnxruntime", "cv2", "opencv", "numpy"))]
+    assert "onnxruntime 1." in res.stdout
+    assert "offers: " in res.stdout
+    assert "CPUExecutionProvider" in res.stdout
+    assert "GStreamer: " in res.stdout
+
+
+def test_install_is_complete_and_idempotent_then_uninstall_keeps_data_and_purge_removes_it(
+    root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    system = stand_in_system(tmp_path_factory.mktemp("system"), "onnxruntime", "cv2", "numpy")
+    refused = run("--prefix", str(root), system=system)  # a Jetson whose onnxruntime has no GPU provider
+    assert refused.returncode == 1
+    assert "onnxruntime offers no CUDA or TensorRT provider" in refused.stderr
+    first = run("--prefix", str(root), "--no-gpu-check", system=system)  # e.g. an image built elsewhere
     assert first.returncode == 0, first.stderr
     assert "platform: jetson" in first.stdout
-    assert "not calling systemctl" in first.stdout
+    check_platform_packages_kept(first, root)
+    wants = root / "etc/systemd/system/multi-user.target.wants/edged.service"
+    assert wants.is_symlink()  # enabled offline: no running systemd in a staging root
+    assert "enabled edged.service offline" in first.stdout
     unit = root / "etc/systemd/system/edged.service"
     assert unit.read_text() == (REPO / "systemd/edged.service").read_text()
     assert (root / "etc/systemd/system/edged.service.d/jetson-gpu.conf").exists()
@@ -58,7 +119,7 @@ def test_install_is_complete_and_idempotent_then_uninstall_keeps_data_and_purge_
     assert "include-system-site-packages = true" in (root / "opt/edged/venv/pyvenv.cfg").read_text()  # Jetson
 
     config.write_text(config.read_text() + "# edited by the operator\n", encoding="utf-8")
-    second = run("--prefix", str(root))
+    second = run("--prefix", str(root), "--no-gpu-check", "--no-enable", system=system)
     assert second.returncode == 0, second.stderr
     assert "kept the existing" in second.stdout
     assert "edited by the operator" in config.read_text()
@@ -67,6 +128,7 @@ def test_install_is_complete_and_idempotent_then_uninstall_keeps_data_and_purge_
     removed = run("--prefix", str(root), "--uninstall")
     assert removed.returncode == 0, removed.stderr
     assert not unit.exists()
+    assert not wants.is_symlink()
     assert not (root / "opt/edged").exists()
     assert config.exists()
     assert (root / "var/lib/edged/models").exists()
@@ -82,3 +144,60 @@ def test_bad_options_are_refused() -> None:
     res = run("--platform", "windows", "--prefix", "/tmp/nowhere")
     assert res.returncode == 1
     assert "--platform must be pi, jetson or generic" in res.stderr
+
+
+def test_pydeps_leaves_out_what_the_platform_provides(tmp_path: Path) -> None:
+    # nothing system-wide: every runtime dependency comes from PyPI
+    plain = pydeps(None)
+    assert plain.returncode == 0, plain.stderr
+    assert {"onnxruntime>=1.16", "opencv-python-headless>=4.8", "numpy>=1.24"} <= set(plain.stdout.split())
+    # a Pi with the distribution's python3-opencv: OpenCV and its numpy stay, onnxruntime comes from PyPI
+    pi = pydeps(stand_in_system(tmp_path / "pi", "cv2", "numpy"))
+    assert pi.returncode == 0, pi.stderr
+    assert "onnxruntime>=1.16" in pi.stdout.split()
+    assert not [r for r in pi.stdout.split() if r.startswith(("opencv", "numpy"))]
+    assert "cv2 is provided by the platform" in pi.stderr
+    # a Jetson: all three from the platform; the rest (pure Python) from PyPI
+    jetson = pydeps(stand_in_system(tmp_path / "jetson", "onnxruntime", "cv2", "numpy"))
+    assert jetson.returncode == 0, jetson.stderr
+    assert [r.split(">")[0] for r in jetson.stdout.split()] == ["paho-mqtt", "pyyaml", "pydantic", "rich"]
+
+
+def test_a_platform_package_that_crashes_is_told_apart_from_a_missing_one(tmp_path: Path) -> None:
+    """onnxruntime segfaults under qemu 7.2 (it reads the x86 host's /proc/cpuinfo): that is a crash, not
+    "did not install". Stood in for by a cv2 that kills itself with SIGSEGV."""
+    crashing = tmp_path / "system"
+    (crashing / "cv2").mkdir(parents=True)
+    (crashing / "cv2" / "__init__.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    res = pydeps(crashing)
+    assert res.returncode == 1
+    assert "cv2 is installed but crashes on import (signal 11)" in res.stderr
+    assert "did not install" not in res.stderr
+
+
+ARM64_CHECK = REPO / "scripts" / "arm64-check"
+
+
+def test_arm64_check_arguments_and_dry_run(tmp_path: Path) -> None:
+    """scripts/arm64-check itself takes 15-40 minutes as root (not CI's job); its argument handling is tested."""
+
+    def check(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(ARM64_CHECK), *args], capture_output=True, text=True, timeout=60, check=False
+        )
+
+    helped = check("--help")
+    assert helped.returncode == 0
+    assert "--dry-run" in helped.stdout
+    dry = check("--dry-run", "--root", str(tmp_path / "r"), "--mirror", "http://mirror.example/debian")
+    assert dry.returncode == 0, dry.stderr
+    assert "debootstrap --arch=arm64 --include=" in dry.stdout
+    assert "http://mirror.example/debian" in dry.stdout
+    assert f"remove {tmp_path / 'r'}" in dry.stdout
+    assert not (tmp_path / "r").exists()  # a dry run changes nothing
+    kept = check("--dry-run", "--keep", "--root", str(tmp_path / "r"))
+    assert "remove" not in kept.stdout
+    for bad in (["--bogus"], ["--root"], ["--mirror"], ["--root", "/"]):
+        res = check(*bad)
+        assert res.returncode == 2, bad
+        assert "arm64-check:" in res.stderr

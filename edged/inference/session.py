@@ -222,7 +222,10 @@ def load_model(cfg: ModelConfig, state_dir: Path, *, cores: int | None = None) -
         msg = f"model {path.name}: asked for {want} but the session runs on {used[0]} (available: {available})"
         if cfg.require_provider:
             raise ProviderError(msg + "; require_provider is true, so edged will not start")
-        log.warning("%s; falling back", msg)
+        if "providers" in cfg.model_fields_set:  # the config asked for it: worth a warning
+            log.warning("%s; falling back", msg)
+        else:  # the default list on a machine without a GPU (a Pi): what is expected, said once
+            log.info("model %s: runs on %s (the default provider list; %s not offered here)", path.name, used[0], want)
     inp = session.get_inputs()[0]
     meta = session.get_modelmeta()
     metadata = dict(meta.custom_metadata_map)
