@@ -61,18 +61,29 @@ def pydeps(system: Path | None) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def staging_root(r: Path) -> Path:
     """A staging root with this machine's user database (useradd --prefix edits the copy)."""
     if shutil.which("useradd") is None:
         pytest.fail("useradd (package passwd) is missing")
-    r = tmp_path_factory.mktemp("root")
-    (r / "etc").mkdir()
+    (r / "etc").mkdir(parents=True)
     for name in ("passwd", "group", "shadow", "gshadow"):
         if Path("/etc", name).exists():
             shutil.copy(Path("/etc", name), r / "etc" / name)
+    return r
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Jetson's staging root."""
+    r = staging_root(tmp_path_factory.mktemp("root"))
     (r / "etc" / "nv_tegra_release").write_text("# R36 (release), REVISION: 3.0\n", encoding="utf-8")  # a Jetson
     return r
+
+
+@pytest.fixture
+def root_factory(tmp_path: Path) -> Path:
+    """A plain staging root for one test."""
+    return staging_root(tmp_path / "root")
 
 
 def check_platform_packages_kept(res: subprocess.CompletedProcess[str], root: Path) -> None:
@@ -201,3 +212,22 @@ def test_arm64_check_arguments_and_dry_run(tmp_path: Path) -> None:
         res = check(*bad)
         assert res.returncode == 2, bad
         assert "arm64-check:" in res.stderr
+
+
+def test_a_pi_with_the_system_opencv_keeps_it_and_gets_onnxruntime_from_pypi(
+    tmp_path: Path, root_factory: Path
+) -> None:
+    """A Pi for libcamera/GStreamer sources: the distribution's python3-opencv (stood in for) stays in use;
+    onnxruntime, which the platform does not provide, comes from PyPI into the venv."""
+    system = stand_in_system(tmp_path / "system", "cv2", "numpy")
+    res = run("--prefix", str(root_factory), "--platform", "pi", "--no-enable", system=system)
+    assert res.returncode == 0, res.stderr
+    assert "platform: pi" in res.stdout
+    assert "cv2 is provided by the platform" in res.stderr
+    assert "include-system-site-packages = true" in (root_factory / "opt/edged/venv/pyvenv.cfg").read_text()
+    site = next((root_factory / "opt/edged/venv/lib").glob("python3*/site-packages"))
+    names = [p.name.lower() for p in site.iterdir()]
+    assert any(n.startswith("onnxruntime") for n in names)
+    assert not [n for n in names if n.startswith(("cv2", "opencv", "numpy"))]
+    assert not (root_factory / "etc/systemd/system/multi-user.target.wants/edged.service").exists()  # --no-enable
+    assert "--no-enable: the unit stays disabled" in res.stdout
