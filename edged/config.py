@@ -337,6 +337,12 @@ class MqttConfig(Strict):
         return check_topic_template(value)
 
     @model_validator(mode="after")
+    def _backoff_order(self) -> MqttConfig:
+        if self.reconnect_max_s < self.reconnect_min_s:
+            raise ValueError("reconnect_max_s must be >= reconnect_min_s")
+        return self
+
+    @model_validator(mode="after")
     def _one_password(self) -> MqttConfig:
         if self.password_file is not None and self.password_credential is not None:
             raise ValueError("give password_file or password_credential, not both")

@@ -198,18 +198,28 @@ class InferenceWorker(threading.Thread):
             frame, ticket = taken
             try:
                 outcome = self._infer(frame)
-            except Exception as exc:  # one pipeline's failure must not stop the others
+            except Exception as exc:  # noqa: BLE001  (one pipeline's failure must not stop the others; _fail logs it)
                 with self.turnstile.turn(ticket):
-                    self.stats.set_state("failed", f"inference failed: {exc}")
-                log.exception(
-                    "pipeline %s: inference failed; this pipeline stops",
-                    self.cfg.name,
-                    extra={"PIPELINE": self.cfg.name, "PROVIDER": self.ref.current.loaded.provider, "SEQ": ""},
-                )
-                self.turnstile.slot.close()  # the other workers of this pipeline stop too
+                    self._fail("inference failed", exc)
                 return
             with self.turnstile.turn(ticket):
-                self._store(frame, *outcome)
+                try:
+                    self._store(frame, *outcome)
+                except Exception as exc:  # noqa: BLE001  (a raising result hook, a broken spool: _fail logs it)
+                    self._fail("storing the result failed", exc)
+                    return
+
+    def _fail(self, what: str, exc: Exception) -> None:
+        """Mark the pipeline failed (status shows why), log the cause once, stop its other workers too."""
+        self.stats.set_state("failed", f"{what}: {exc}")
+        log.error(
+            "pipeline %s: %s; this pipeline stops",
+            self.cfg.name,
+            what,
+            exc_info=exc,
+            extra={"PIPELINE": self.cfg.name, "PROVIDER": self.ref.current.loaded.provider, "SEQ": ""},
+        )
+        self.turnstile.slot.close()  # the other workers of this pipeline stop too
 
     def _infer(self, frame: Frame) -> tuple[Model, dict[str, Any], float, float, float]:
         model = self.ref.current  # one model for the whole frame, even if a swap happens meanwhile

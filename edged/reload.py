@@ -23,6 +23,7 @@ from edged.config import Config, PipelineConfig, load_config
 from edged.errors import ConfigError, EdgedError
 from edged.osthread import name_os_thread
 from edged.pipeline import describe_model, prepare_model
+from edged.publish import PublishFilter, Snapshots
 from edged.systemd import notify
 
 if TYPE_CHECKING:
@@ -161,8 +162,20 @@ class Reloader(threading.Thread):
             p = p.model_copy(update={"model": old.model, "preprocess": old.preprocess, "postprocess": old.postprocess})
         if p.source != old.source:
             self._restart_source(rt, p)
+        if (p.publish, p.snapshot) != (old.publish, old.snapshot):
+            self._apply_outputs(rt, p)
+            notes.append(f"pipeline {p.name}: publish/snapshot settings applied (the publish filter starts afresh)")
         rt.cfg = p
         return p
+
+    def _apply_outputs(self, rt: PipelineRuntime, p: PipelineConfig) -> None:
+        """New publish filter and snapshot settings for the pipeline's workers (used only inside a turn:
+        the next frame takes them)."""
+        state_dir = self.daemon_.config.state_dir
+        publish = PublishFilter(p.publish)
+        snapshots = Snapshots(p.snapshot, state_dir, p.name) if p.snapshot.enabled else None
+        for worker in rt.workers:
+            worker.publish, worker.snapshots = publish, snapshots
 
     def _restart_source(self, rt: PipelineRuntime, p: PipelineConfig) -> None:
         old = rt.source

@@ -144,7 +144,9 @@ def test_notify_order_and_a_hung_model_run_silences_the_watchdog(
         return real_run(self, tensor)
 
     monkeypatch.setattr(LoadedModel, "run", hang)
-    time.sleep(1.5)  # longer than watchdog_stall_s
+    # the condition, not a fixed sleep: the daemon says it stopped pinging (after watchdog_stall_s)
+    wait_for(lambda: daemon.pipelines[0].stats.stalled(daemon.config.watchdog_stall_s), 30, "the stall seen")
+    wait_for(lambda: daemon._watchdog_warned, 30, "the daemon stopping the pings")
     before = notify_socket.count("WATCHDOG=1")
     time.sleep(1.0)  # ten ping intervals
     assert notify_socket.count("WATCHDOG=1") == before  # silence: systemd would restart us
@@ -286,7 +288,13 @@ def test_status_socket_ignores_malformed_requests(tmp_path: Path) -> None:
 def test_watch_refreshes_until_interrupted(tmp_path: Path) -> None:
     from edged.status import StatusServer
 
-    server = StatusServer(tmp_path / "s.sock", lambda: {"state": "running", "pipelines": [], "uptime_s": 1})
+    calls = {"n": 0}
+
+    def snapshot() -> dict[str, Any]:
+        calls["n"] += 1
+        return {"state": "running", "pipelines": [], "uptime_s": 1}
+
+    server = StatusServer(tmp_path / "s.sock", snapshot)
     server.start()
     try:
         proc = subprocess.Popen(
@@ -294,7 +302,8 @@ def test_watch_refreshes_until_interrupted(tmp_path: Path) -> None:
              "--interval", "0.1"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        time.sleep(1.0)
+        # SIGINT only once it is refreshing (imports and the first render take a while under load)
+        wait_for(lambda: calls["n"] >= 3, 30, "three refreshes")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=10)
     finally:

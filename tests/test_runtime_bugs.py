@@ -1,0 +1,97 @@
+"""Bugs of issue "The tree is the dataflow" that the restructuring must not keep, each reproduced as a user
+would meet it and failing on the code before its fix. In-process daemons on a real video and model, a real
+spool; the config files are real files read by `edged check-config`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from conftest import base_config, make_video, wait_for, write_config
+
+from edged.config import config_from_dict
+from edged.daemon import Daemon
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "edged", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_backoff_bounds_in_the_wrong_order_fail_check_config_not_run(tmp_path: Path, tiny_model: Path) -> None:
+    # `edged run` used to die with a ValueError traceback; check-config passed it
+    cfg = base_config(tmp_path, tiny_model, str(tmp_path / "v.mp4"))
+    cfg["mqtt"].update({"reconnect_min_s": 10, "reconnect_max_s": 1})
+    path = write_config(tmp_path / "edged.yaml", cfg)
+    res = run_cli("check-config", str(path))
+    assert res.returncode == 1
+    (problem,) = res.stderr.strip().splitlines()
+    assert problem.startswith(f"{path}:")
+    assert "mqtt" in problem
+    assert "reconnect_max_s must be >= reconnect_min_s" in problem
+
+
+def start(daemon: Daemon) -> threading.Thread:
+    daemon.start()
+    waiter = threading.Thread(target=daemon.wait, name="test-wait")
+    waiter.start()
+    return waiter
+
+
+def finish(daemon: Daemon, waiter: threading.Thread) -> None:
+    daemon.request_stop()
+    waiter.join(30)
+    daemon.stop()
+    assert not waiter.is_alive()
+
+
+def test_a_raising_result_hook_marks_the_pipeline_failed_and_status_says_why(tmp_path: Path, tiny_model: Path) -> None:
+    # the store step ran outside the worker's try: the thread ended, the pipeline still said "running"
+    video = make_video(tmp_path / "v.mp4", 30)
+    cfg = base_config(tmp_path, tiny_model, str(video), fps=50, loop=True, stop_at_end=False)
+    calls = {"n": 0}
+
+    def hook(_result: dict[str, Any]) -> None:
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("a hook that breaks")
+
+    daemon = Daemon(config_from_dict(cfg), on_result=hook)
+    waiter = start(daemon)
+    try:
+        rt = daemon.pipelines[0]
+        wait_for(lambda: rt.stats.state == "failed", 30, "the pipeline marked failed")
+        assert "storing the result failed: a hook that breaks" in (rt.stats.error or "")
+        assert daemon.health() == "degraded"
+        assert "pipeline cam0 failed" in daemon.reasons()
+        wait_for(lambda: not rt.running(), 30, "every worker of the pipeline ended")
+    finally:
+        finish(daemon, waiter)  # aftermath: the daemon still stops cleanly (it also stops by itself here)
+
+
+def test_a_reload_that_changes_publish_is_applied_to_the_running_workers(tmp_path: Path, tiny_model: Path) -> None:
+    # "applied" was reported, but the workers kept the filter they were built with
+    video = make_video(tmp_path / "v.mp4", 30)
+    cfg = base_config(tmp_path, tiny_model, str(video), fps=50, loop=True, stop_at_end=False)
+    path = write_config(tmp_path / "edged.yaml", cfg)
+    from edged.config import load_config
+
+    daemon = Daemon(load_config(path), config_path=path)
+    waiter = start(daemon)
+    try:
+        stats = daemon.pipelines[0].stats
+        wait_for(lambda: stats.frames >= 10, 30, "results")
+        assert stats.suppressed == 0
+        cfg["pipelines"][0]["publish"] = {"mode": "interval", "interval_s": 3600}  # one result an hour
+        write_config(path, cfg)
+        assert daemon.reloader.reload()
+        notes = daemon.reloader.status()["notes"]
+        assert any("publish/snapshot settings applied" in n for n in notes)
+        wait_for(lambda: stats.suppressed >= 10, 30, "results held back by the new filter")
+        assert daemon.pipelines[0].cfg.publish.mode == "interval"
+    finally:
+        finish(daemon, waiter)
