@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911  (one return pe
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
     try:
         if args.command == "check-config":
-            return _check_config(args.file)
+            return _check_config(args.file, verbose=args.verbose)
         if args.command == "prepare":
             from edged.inference.engines import prepare  # noqa: PLC0415
 
@@ -234,19 +234,23 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911  (one return pe
         return EXIT_NOT_RUNNING if args.command == "status" else 1
 
 
-def _check_config(path: Path) -> int:
+def _check_config(path: Path, *, verbose: bool = False) -> int:
+    """Every check `edged run` makes before it opens a device: the schema, then each model as its pipeline
+    would use it (ONNX Runtime loads it; its input fits the preprocessing or the sensor window; the
+    postprocessing fits its outputs), on the CPU and without warm-up runs."""
     from edged.inference.session import load_problem  # noqa: PLC0415  (keeps `edged status` light)
+    from edged.pipeline import check_pipeline_model  # noqa: PLC0415
 
     config = load_config(path)
+    if not verbose:  # one line per problem, nothing else: the model loads log at INFO
+        logging.getLogger().setLevel(logging.WARNING)
     problems = []
     for i, p in enumerate(config.pipelines):
-        why = load_problem(p.model.path)
+        unloadable = load_problem(p.model.path)
+        why = f"ONNX Runtime cannot load it: {unloadable}" if unloadable else check_pipeline_model(p, config.state_dir)
         if why is not None:
-            keys = ("pipelines", i, "model", "path")
-            line = key_line(path, keys)
-            problems.append(
-                f"{path}:{line} pipelines[{i}].model.path={p.model.path}: ONNX Runtime cannot load it: {why}"
-            )
+            line = key_line(path, ("pipelines", i, "model", "path"))
+            problems.append(f"{path}:{line} pipelines[{i}].model.path={p.model.path}: {why}")
     if problems:
         raise ConfigError(problems)
     print(f"{path}: OK ({len(config.pipelines)} pipeline(s), device {config.device_id})")

@@ -18,7 +18,7 @@ from typing import Any
 
 from edged import __version__
 from edged.config import Config, PipelineConfig
-from edged.errors import EdgedError
+from edged.errors import EdgedError, ModelError, ProviderError
 from edged.inference import engines
 from edged.inference.session import CPU, TENSORRT, select_providers, share_cores, usable_cores
 from edged.mqtt import Publisher, topic_for
@@ -209,11 +209,13 @@ class Daemon:
                 stats.set_state("building_engine")
                 notify("STATUS=" + line)
 
-            models.append(
-                engines.load_pipeline_model(
+            try:
+                model = engines.load_pipeline_model(
                     rt.cfg, self.config.state_dir, cores=cores, on_building=building, notify=notify
                 )
-            )
+            except (ModelError, ProviderError) as exc:  # say which pipeline: a config may have several
+                raise type(exc)(f"pipeline {rt.cfg.name}: {exc}") from exc
+            models.append(model)
             if rt.stats.state == "building_engine":
                 rt.stats.set_state("starting")
                 notify(f"STATUS=TensorRT engine for pipeline {rt.cfg.name} built; starting")

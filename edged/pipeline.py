@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from edged import MESSAGE_VERSION
 from edged.config import PipelineConfig
+from edged.errors import EdgedError
 from edged.inference.postprocess import Postprocessor, make_postprocessor
 from edged.inference.preprocess import Preprocessor, PreprocessSpec
 from edged.inference.session import LoadedModel, load_model, warm_up
@@ -87,6 +88,19 @@ def prepare_model(cfg: PipelineConfig, state_dir: Path, cores: int | None = None
     post = make_postprocessor(cfg.postprocess, loaded.output_names, shapes, loaded.metadata, input_size)
     warm_up(loaded, tensor_shape, cfg.model.warmup_runs)
     return Model(loaded, pre, post)
+
+
+def check_pipeline_model(cfg: PipelineConfig, state_dir: Path) -> str | None:
+    """What `prepare_model` would refuse for this pipeline, or None: the same checks on the CPU provider,
+    one core, no warm-up (for `check-config`: no GPU engine is built, no device opened)."""
+    model = cfg.model.model_copy(
+        update={"providers": ["CPUExecutionProvider"], "require_provider": False, "warmup_runs": 0}
+    )
+    try:
+        prepare_model(cfg.model_copy(update={"model": model}), state_dir, cores=1)
+    except EdgedError as exc:
+        return str(exc)
+    return None
 
 
 class Turnstile:

@@ -102,7 +102,7 @@ def test_daemon_exits_non_zero_on_a_malformed_model(tmp_path: Path, start_daemon
     cfg = write_config(tmp_path / "c.yaml", base_config(tmp_path, bad, str(video)))
     code, err = start_daemon(cfg).wait()
     assert code == 1
-    assert f"edged: error: cannot load model {bad}" in err
+    assert f"edged: error: pipeline cam0: cannot load model {bad}" in err  # names the pipeline
     assert "Traceback" not in err
 
 

@@ -95,3 +95,27 @@ def test_a_reload_that_changes_publish_is_applied_to_the_running_workers(tmp_pat
         assert daemon.pipelines[0].cfg.publish.mode == "interval"
     finally:
         finish(daemon, waiter)
+
+
+def test_a_model_run_would_refuse_fails_check_config_too_and_run_names_the_pipeline(tmp_path: Path) -> None:
+    # a model with dynamic input axes and no preprocess size: check-config passed it, run refused it
+    # without naming the pipeline
+    from tools_models import make_conv_model
+
+    dyn = make_conv_model(tmp_path / "dyn.onnx", dynamic=True, metadata=False)
+    video = make_video(tmp_path / "v.mp4", 5)
+    cfg = base_config(tmp_path, dyn, str(video))
+    cfg["pipelines"][0]["name"] = "door"
+    path = write_config(tmp_path / "edged.yaml", cfg)
+    checked = run_cli("check-config", str(path))
+    assert checked.returncode == 1, checked.stdout
+    (problem,) = checked.stderr.strip().splitlines()
+    assert problem.startswith(f"{path}:")
+    assert f"pipelines[0].model.path={dyn}" in problem
+    assert "size" in problem  # what to add: preprocess.size
+    ran = run_cli("run", "--config", str(path))
+    assert ran.returncode == 1
+    assert "pipeline door:" in ran.stderr
+    assert "Traceback" not in ran.stderr
+    cfg["pipelines"][0]["preprocess"] = {"size": [16, 16]}  # with the size both accept it
+    assert run_cli("check-config", str(write_config(path, cfg))).returncode == 0
