@@ -36,8 +36,12 @@ log = logging.getLogger(__name__)
 
 STATUS_EVERY_S = 5.0
 LOG_EVERY_S = 60.0  # a one-line summary in the journal
+STOP_DEADLINE_S = 25.0  # everything stop() does, below TimeoutStopSec=30 in systemd/edged.service
+RELOAD_JOIN_S = 5.0  # a model swap in progress (a TensorRT build can take minutes: it is abandoned)
 SOURCE_JOIN_S = 5.0
-WORKER_JOIN_S = 30.0
+WORKER_JOIN_S = 10.0
+FLUSH_S = 10.0
+PUBLISHER_CLOSE_S = 3.0  # after the grace: `offline`, DISCONNECT, paho's thread
 DROP_WINDOW_S = 60.0  # results dropped within this make the daemon degraded
 ACK_STALL_S = 30.0  # connected, results waiting, and no PUBACK for this long: degraded
 
@@ -311,28 +315,46 @@ class Daemon:
             )  # fmt: skip
 
     def stop(self) -> None:
-        """Stop sources, finish frames in flight, commit, publish within the grace period, say offline."""
+        """Stop sources, finish frames in flight, commit, publish within the grace period, say offline.
+
+        One deadline for all of it, STOP_DEADLINE_S, below the unit's TimeoutStopSec (30 s) so that systemd
+        never has to kill us mid-commit: a source stuck in a read (a camera that went silent: OpenCV blocks
+        in FFmpeg) is abandoned at its share of the deadline with a log line, its slot closed so the
+        workers finish; the publisher's grace shrinks to what is left. Committed results are safe whatever
+        is abandoned.
+        """
         if self._stopped:
             return
         self._stopped = True
         self.state = "stopping"
         notify("STOPPING=1")
-        self.reloader.stop()
+        deadline = time.monotonic() + STOP_DEADLINE_S
+
+        def left(cap: float) -> float:
+            return max(0.0, min(cap, deadline - time.monotonic()))
+
+        self.reloader.stop(left(RELOAD_JOIN_S))
         for rt in self.pipelines:
             if rt.source is not None:
                 rt.source.stop()
         for rt in self.pipelines:
             if rt.source is not None:
-                rt.source.join(SOURCE_JOIN_S)
+                rt.source.join(left(SOURCE_JOIN_S))
+                if rt.source.is_alive():
+                    log.warning(
+                        "pipeline %s: source %s did not stop within %.0f s; abandoned (its thread ends with edged)",
+                        rt.cfg.name, rt.cfg.source.uri, SOURCE_JOIN_S,
+                    )  # fmt: skip
+            rt.slot.close()  # the workers finish what is in the slot, then end
         for rt in self.pipelines:
             for worker in rt.workers:
-                worker.join(WORKER_JOIN_S)
-        if self.spool is not None and not self.spool.flush():
+                worker.join(left(WORKER_JOIN_S))
+        if self.spool is not None and not self.spool.flush(left(FLUSH_S)):
             log.error("spool: could not commit every result before stopping")
         if self.publisher is not None:
-            grace = self.config.mqtt.shutdown_grace_s
+            grace = left(self.config.mqtt.shutdown_grace_s)
             self.publisher.request_stop(grace)
-            self.publisher.join(grace + 15.0)
+            self.publisher.join(left(grace + PUBLISHER_CLOSE_S))
         if self.spool is not None:
             self.left_in_spool = self.spool.depth
         self._close_partial()

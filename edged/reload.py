@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MODEL_POLL_S = 5.0
+SOURCE_STOP_S = 10.0  # a source being replaced gets this long to stop, then it is detached
 RESTART_KEYS = ("device_id", "state_dir", "mqtt", "spool", "status")
 
 
@@ -63,12 +64,12 @@ class Reloader(threading.Thread):
         self._reload_asked = True
         self._wake.set()
 
-    def stop(self) -> None:
-        """Finish the swap in progress, then end."""
+    def stop(self, timeout: float = 60.0) -> None:
+        """Finish the swap in progress (within `timeout`), then end."""
         self._halt.set()
         self._wake.set()
         if self.is_alive():
-            self.join(timeout=60)
+            self.join(timeout=timeout)
 
     def status(self) -> dict[str, Any]:
         """The `reload` entry of the status JSON."""
@@ -181,7 +182,13 @@ class Reloader(threading.Thread):
         old = rt.source
         if old is not None:
             old.stop(close_slot=False)  # the inference workers stay; only the source changes
-            old.join(10)
+            old.join(SOURCE_STOP_S)
+            if old.is_alive():  # stuck in a read: it must not feed the slot beside its replacement
+                old.detach()
+                log.warning(
+                    "pipeline %s: the old source did not stop within %.0f s; detached from the pipeline",
+                    p.name, SOURCE_STOP_S,
+                )  # fmt: skip
         rt.cfg = p
         rt.source = self.daemon_.make_source(rt)
         rt.source.start()

@@ -119,3 +119,105 @@ def test_a_model_run_would_refuse_fails_check_config_too_and_run_names_the_pipel
     assert "Traceback" not in ran.stderr
     cfg["pipelines"][0]["preprocess"] = {"size": [16, 16]}  # with the size both accept it
     assert run_cli("check-config", str(write_config(path, cfg))).returncode == 0
+
+
+class SilentCamera:
+    """Stands in for a network camera that went silent mid-stream: OpenCV's read() blocks inside FFmpeg
+    and cannot be interrupted (no such camera here; a fake capture object, through the daemon's
+    capture_factory hook)."""
+
+    def __init__(self, frames: int = 20) -> None:
+        self.frames = frames
+        self.hang = threading.Event()
+
+    def isOpened(self) -> bool:  # noqa: N802  (OpenCV's name)
+        return True
+
+    def read(self) -> tuple[bool, Any]:
+        import numpy as np
+
+        if self.frames > 0:
+            self.frames -= 1
+            return True, np.zeros((48, 64, 3), np.uint8)
+        self.hang.wait(600)  # silent: never returns while the test runs
+        return False, None
+
+    def release(self) -> None:
+        pass
+
+    def set(self, *_a: Any) -> bool:
+        return True
+
+
+def test_stop_keeps_one_deadline_and_abandons_a_source_stuck_in_a_read(
+    tmp_path: Path, tiny_model: Path, caplog: Any, monkeypatch: Any
+) -> None:
+    # one SIGTERM took 30.4 s with a silent HTTP camera: every stop budget was added up (unit: TimeoutStopSec=30)
+    import logging
+
+    import edged.daemon
+
+    monkeypatch.setattr(edged.daemon, "SOURCE_JOIN_S", 0.5)
+    camera, second = SilentCamera(), SilentCamera(0)
+    cfg = base_config(tmp_path, tiny_model, "rtsp://camera.invalid/stream", stop_at_end=False)
+    daemon = Daemon(config_from_dict(cfg), source_kwargs={"capture_factory": lambda _c: camera})
+    waiter = start(daemon)
+    stopper = threading.Thread(target=lambda: finish(daemon, waiter), name="test-stop")
+    try:
+        stats = daemon.pipelines[0].stats
+        # a live source: the latest frame wins, so the model may skip some of the 20
+        wait_for(lambda: stats.frames_captured >= 20 and stats.frames >= 1, 30, "frames before the camera went silent")
+        with caplog.at_level(logging.WARNING, logger="edged.daemon"):
+            stopper.start()
+            stopper.join(60)
+        assert not stopper.is_alive(), "stop() did not return"
+        assert "did not stop within" in caplog.text
+        assert "abandoned" in caplog.text
+        # aftermath: every result was committed, and the next daemon on this state_dir starts
+        produced = stats.frames
+        assert daemon.left_in_spool == produced  # mqtt is off: every result waits in the spool
+        again = Daemon(config_from_dict(cfg), source_kwargs={"capture_factory": lambda _c: second})
+        again.start()
+        assert again.spool is not None
+        assert again.spool.depth == produced
+        again.stop()
+    finally:
+        camera.hang.set()
+        second.hang.set()
+
+
+def test_a_source_replaced_on_reload_that_will_not_stop_is_detached(
+    tmp_path: Path, tiny_model: Path, monkeypatch: Any
+) -> None:
+    # the old source outlived its join and went on feeding the slot beside its replacement
+    import edged.reload
+    from edged.config import load_config
+
+    monkeypatch.setattr(edged.reload, "SOURCE_STOP_S", 0.5)
+    stuck, fresh = SilentCamera(), SilentCamera(10**9)  # the new camera never runs out
+    cfg = base_config(tmp_path, tiny_model, "rtsp://old.invalid/stream", stop_at_end=False)
+    path = write_config(tmp_path / "edged.yaml", cfg)
+    daemon = Daemon(
+        load_config(path),
+        config_path=path,
+        source_kwargs={"capture_factory": lambda c: stuck if "old" in str(c.uri) else fresh},
+    )
+    waiter = start(daemon)
+    try:
+        rt = daemon.pipelines[0]
+        wait_for(lambda: rt.stats.frames_captured >= 20, 30, "the old camera's frames, then silence")
+        old = rt.source
+        cfg["pipelines"][0]["source"]["uri"] = "rtsp://new.invalid/stream"
+        write_config(path, cfg)
+        assert daemon.reloader.reload()
+        assert old is not None
+        assert old.is_alive()  # still stuck in its read
+        assert old.slot is not rt.slot  # but no longer feeding the pipeline
+        assert rt.source is not old
+        assert rt.source.slot is rt.slot
+        before = rt.stats.frames
+        wait_for(lambda: rt.stats.frames > before + 10, 30, "results from the new camera")
+    finally:
+        stuck.hang.set()
+        fresh.hang.set()
+        finish(daemon, waiter)

@@ -98,6 +98,7 @@ class Source(threading.Thread):
 
     cfg: Any  # the source's config model (it has `uri`)
     stats: PipelineStats
+    slot: FrameSlot
 
     def __init__(self, name: str) -> None:
         super().__init__(name=name, daemon=True)
@@ -114,6 +115,11 @@ class Source(threading.Thread):
             level, "source %s: %s; reconnecting with backoff", self.cfg.uri, why, extra={"PIPELINE": self.stats.name}
         )
         return logged + 1
+
+    def detach(self) -> None:
+        """Give a source that did not stop in time a slot nobody reads: its late frames go nowhere, so a
+        replacement source is the only one feeding the pipeline."""
+        self.slot = FrameSlot()
 
     def stop(self, *, close_slot: bool = True) -> None:
         """Ask the source to finish (safe to call more than once); it closes its slot on the way out
