@@ -95,7 +95,8 @@ def matches(text: str, default: Any) -> bool:
     return (Path(text) if isinstance(default, Path) else text) == default
 
 
-CASES = [(k, d) for keys, defaults in readme_rows() for k, d in zip(keys, defaults, strict=True)]
+# a default described rather than given (`<state_dir>/status.sock`, `edged-<device_id>`) is not compared
+CASES = [(k, d) for keys, defaults in readme_rows() for k, d in zip(keys, defaults, strict=True) if "<" not in d]
 
 
 def test_the_readme_table_was_read() -> None:
@@ -105,8 +106,6 @@ def test_the_readme_table_was_read() -> None:
 
 @pytest.mark.parametrize(("key", "readme"), CASES, ids=[k for k, _ in CASES])
 def test_a_documented_default_is_the_schema_s(key: str, readme: str) -> None:
-    if readme.startswith("<") or "<" in readme:
-        pytest.skip("a default described, not a literal")
     default = schema_default(key)
     if default is None:
         assert readme in ("", "unset"), f"{key}: README says {readme!r}, the schema has no default"
