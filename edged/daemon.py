@@ -23,7 +23,7 @@ from edged.inference import engines
 from edged.inference.session import CPU, TENSORRT, select_providers, share_cores, usable_cores
 from edged.mqtt import Publisher, topic_for
 from edged.pipeline import InferenceWorker, Model, ModelRef, ResultHook, Turnstile
-from edged.publish import PublishFilter, Snapshots
+from edged.publish import pipeline_outputs
 from edged.reload import Reloader, model_file_stat
 from edged.sources import FrameSlot, Source, make_source, source_factory
 from edged.spool import Spool, SpoolLimits
@@ -113,8 +113,8 @@ class Daemon:
         self._wake = socket.socketpair()
         for end in self._wake:
             end.setblocking(False)
-        self.state_lock = StateLock(cfg.state_dir)  # before anything is opened: one daemon per state_dir
         try:
+            self.state_lock = StateLock(cfg.state_dir)  # before anything is opened: one daemon per state_dir
             self.spool = Spool(
                 cfg.state_dir / "spool.db",
                 sync=cfg.spool.sync,
@@ -146,8 +146,7 @@ class Daemon:
             turnstile = Turnstile(rt.slot)
             rt.ref = ModelRef(model)
             rt.model_stat = model_file_stat(rt.cfg.model.path)
-            publish = PublishFilter(rt.cfg.publish)
-            snapshots = Snapshots(rt.cfg.snapshot, cfg.state_dir, rt.cfg.name) if rt.cfg.snapshot.enabled else None
+            publish, snapshots = pipeline_outputs(rt.cfg, cfg.state_dir)
             rt.workers = [
                 InferenceWorker(
                     rt.cfg,

@@ -20,7 +20,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
-from edged.config import PublishConfig, SnapshotConfig
+from edged.config import PipelineConfig, PublishConfig, SnapshotConfig
 from edged.inference.detect import crop_box
 
 log = logging.getLogger(__name__)
@@ -116,3 +116,10 @@ class Snapshots:
             old = self._files.popleft()
             old.unlink(missing_ok=True)
         return str(path.relative_to(self.state_dir))
+
+
+def pipeline_outputs(cfg: PipelineConfig, state_dir: Path) -> tuple[PublishFilter, Snapshots | None]:
+    """The publish filter and the snapshots (None when off) of a pipeline: one per pipeline, shared by its
+    workers; built at start and again when a reload changes them."""
+    snapshots = Snapshots(cfg.snapshot, state_dir, cfg.name) if cfg.snapshot.enabled else None
+    return PublishFilter(cfg.publish), snapshots

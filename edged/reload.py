@@ -23,7 +23,7 @@ from edged.config import Config, PipelineConfig, load_config
 from edged.errors import ConfigError, EdgedError
 from edged.osthread import name_os_thread
 from edged.pipeline import describe_model, prepare_model
-from edged.publish import PublishFilter, Snapshots
+from edged.publish import pipeline_outputs
 from edged.systemd import notify
 
 if TYPE_CHECKING:
@@ -172,9 +172,7 @@ class Reloader(threading.Thread):
     def _apply_outputs(self, rt: PipelineRuntime, p: PipelineConfig) -> None:
         """New publish filter and snapshot settings for the pipeline's workers (used only inside a turn:
         the next frame takes them)."""
-        state_dir = self.daemon_.config.state_dir
-        publish = PublishFilter(p.publish)
-        snapshots = Snapshots(p.snapshot, state_dir, p.name) if p.snapshot.enabled else None
+        publish, snapshots = pipeline_outputs(p, self.daemon_.config.state_dir)
         for worker in rt.workers:
             worker.publish, worker.snapshots = publish, snapshots
 
