@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import select
 import signal
-import socket
 import threading
 import time
 from collections import deque
@@ -31,6 +29,7 @@ from edged.statelock import StateLock
 from edged.stats import MqttStats, PipelineStats
 from edged.status import StatusServer
 from edged.systemd import notify, watchdog_interval
+from edged.waker import Waker
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +81,11 @@ class Daemon:
         self.source_kwargs = source_kwargs or {}
         self.state = "starting"
         self.started = time.monotonic()
-        # wait() sleeps in select() on this socket pair; a stop request, a SIGHUP or an inference worker
-        # that ended writes one byte. A signal handler must take no lock the main thread may hold (an
-        # Event's would deadlock when the signal lands while wait() is entering Event.wait), and a send()
-        # takes none.
+        # wait() sleeps on this; a stop request, a SIGHUP or an inference worker that ended pokes it (safe
+        # from a signal handler: see edged/waker.py)
         self._stop_asked = False
         self._reload_asked = False
-        self._wake: tuple[socket.socket, socket.socket] | None = None  # (read end, write end); made by start()
+        self._wake: Waker | None = None  # made by start()
         self._stopped = False
         self._watchdog_warned = False
         self._drops: deque[tuple[float, int]] = deque(maxlen=4096)
@@ -110,9 +107,7 @@ class Daemon:
         """Open the spool, load and warm up every model, then start the threads and report READY."""
         cfg = self.config
         cfg.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
-        self._wake = socket.socketpair()
-        for end in self._wake:
-            end.setblocking(False)
+        self._wake = Waker()
         try:
             self.state_lock = StateLock(cfg.state_dir)  # before anything is opened: one daemon per state_dir
             self.spool = Spool(
@@ -238,8 +233,7 @@ class Daemon:
             lock.release()
         wake, self._wake = self._wake, None
         if wake is not None:  # a late signal's poke finds nothing to write to
-            wake[0].close()
-            wake[1].close()
+            wake.close()
 
     def request_reload(self) -> None:
         """Re-read the config file now (from code; a signal handler calls `signal_reload`)."""
@@ -261,8 +255,7 @@ class Daemon:
     def _poke(self) -> None:
         wake = self._wake
         if wake is not None:
-            with contextlib.suppress(OSError):  # full (a wake-up is already pending) or closed (stopped)
-                wake[1].send(b"!")
+            wake.poke()
 
     def wait(self) -> None:
         """Block until a stop is requested or every pipeline has ended; feed sd_notify STATUS= and WATCHDOG=.
@@ -276,9 +269,8 @@ class Daemon:
             raise RuntimeError("Daemon.wait() before start()")
         while not self._stopping():
             timers = [next_log] + ([next_status] if notifying else []) + ([next_ping] if ping_every else [])
-            select.select([wake[0]], [], [], max(0.0, min(timers) - time.monotonic()))
-            with contextlib.suppress(OSError):
-                wake[0].recv(4096)
+            select.select([wake], [], [], max(0.0, min(timers) - time.monotonic()))
+            wake.drain()
             if self._stopping():
                 return
             if self._reload_asked:

@@ -2,7 +2,7 @@
 
 Python names its threads only for itself; the kernel keeps calling every one of them `python`. Each edged
 thread calls `name_os_thread()` first thing, so an operator can tell which thread burns CPU or wakes up.
-Linux only (it writes /proc/thread-self/comm, 15 bytes at most); elsewhere, or when /proc is not there,
+Linux only (it writes /proc/self/task/<tid>/comm, 15 bytes at most); elsewhere, or when /proc is not there,
 nothing happens.
 
 Priorities: under CPU overload (more pipelines than the cores can run flat out) the kernel shares the CPU

@@ -16,6 +16,7 @@ from typing import Any
 
 from edged.errors import StatusError
 from edged.osthread import name_os_thread
+from edged.waker import Waker
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class StatusServer(threading.Thread):
         self.snapshot = snapshot
         self._halt = threading.Event()
         self._sock = self._bind(path, mode)
-        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake = Waker()
 
     @staticmethod
     def _bind(path: Path, mode: int) -> socket.socket:
@@ -65,14 +66,14 @@ class StatusServer(threading.Thread):
         return sock
 
     def run(self) -> None:
-        """Serve until stopped: asleep in select() until a client connects or `stop` writes to the wake pipe."""
+        """Serve until stopped: asleep in select() until a client connects or `stop` pokes the waker."""
         name_os_thread()
         with selectors.DefaultSelector() as sel:
             sel.register(self._sock, selectors.EVENT_READ)
-            sel.register(self._wake_r, selectors.EVENT_READ)
+            sel.register(self._wake, selectors.EVENT_READ)
             while not self._halt.is_set():
                 ready = {key.fileobj for key, _ in sel.select()}
-                if self._halt.is_set() or self._wake_r in ready:
+                if self._halt.is_set() or self._wake in ready:
                     break
                 try:
                     conn, _ = self._sock.accept()
@@ -95,8 +96,8 @@ class StatusServer(threading.Thread):
             log.exception("status: building the snapshot failed")
             return
         try:
-            conn.settimeout(CLIENT_DEADLINE_S)
-            conn.sendall(body)  # the timeout bounds the whole sendall
+            conn.settimeout(max(0.01, deadline - time.monotonic()))
+            conn.sendall(body)  # the timeout bounds the whole sendall: what is left of the deadline
             # whatever the client sent is ignored, but read it: closing with unread data resets the
             # connection, and the client could lose the answer. Bounded in time and bytes.
             conn.shutdown(socket.SHUT_WR)
@@ -113,13 +114,11 @@ class StatusServer(threading.Thread):
     def stop(self) -> None:
         """Stop serving and remove the socket file."""
         self._halt.set()
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"x")
+        self._wake.poke()
         if self.is_alive():
             self.join(timeout=CLIENT_DEADLINE_S + 1)
         self._sock.close()
-        self._wake_r.close()
-        self._wake_w.close()
+        self._wake.close()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
