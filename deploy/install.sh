@@ -87,18 +87,6 @@ system_site() {
   return 1
 }
 
-# `import MODULE` with the venv's python: tells a crash (an emulator, a wheel for another CPU) from a
-# module that did not install
-check_import() {
-  local module="$1" rc=0 err
-  err=$("$venv/bin/python" -c "import $module" 2>&1 >/dev/null) || rc=$?
-  [ "$rc" -eq 0 ] && return 0
-  if [ "$rc" -ge 128 ]; then
-    die "'import $module' crashed (signal $((rc - 128))): the installed wheel does not run on this CPU or emulator"
-  fi
-  die "$module did not install into $venv: $(printf '%s' "$err" | tail -n 1)"
-}
-
 install_venv() {
   mkdir -p "$(dirname "$venv")"
   local site=()
@@ -122,9 +110,9 @@ install_venv() {
   if [ "$with_systemd" -eq 1 ]; then
     install_systemd_python
   fi
-  check_import onnxruntime
-  check_import cv2
-  check_import edged.daemon
+  # a crash (an emulator, a wheel for another CPU) is told apart from a module that did not install
+  "$venv/bin/python" "$repo/deploy/pydeps.py" --check onnxruntime cv2 edged.daemon 2> >(sed 's/^/edged-install: /' >&2) \
+    || die "the venv in $venv is not usable (above)"
   mkdir -p "$(dirname "$bin_link")"
   ln -sfn /opt/edged/venv/bin/edged "$bin_link"
 }
@@ -139,7 +127,7 @@ install_systemd_python() {
   fi
   "$venv/bin/python" -m pip install -q "systemd-python>=234" \
     || die "systemd-python did not build: it needs ${deps[*]} (apt)"
-  check_import systemd.journal
+  "$venv/bin/python" "$repo/deploy/pydeps.py" --check systemd.journal || die "systemd-python does not import"
 }
 
 report_runtime() {

@@ -184,6 +184,16 @@ def test_a_platform_package_that_crashes_is_told_apart_from_a_missing_one(tmp_pa
     assert res.returncode == 1
     assert "cv2 is installed but crashes on import (signal 11)" in res.stderr
     assert "did not install" not in res.stderr
+    # the import check install.sh and scripts/setup run after installing: the same distinction
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    env = {**os.environ, "PYTHONPATH": str(crashing)}
+    checked = subprocess.run(
+        [str(base), str(PYDEPS), "--check", "cv2", "no_such_module"],
+        capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
+    assert checked.returncode == 1
+    assert "'import cv2' crashed (signal 11)" in checked.stderr
+    assert "no_such_module did not install" in checked.stderr
 
 
 ARM64_CHECK = REPO / "scripts" / "arm64-check"
