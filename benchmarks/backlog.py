@@ -3,7 +3,7 @@
 One run, side by side (ratios; this machine is shared and noisy):
 
 1. TTL expiry. A spool of `--rows` results (default 1,000,000, ~460-byte payloads shaped like the
-   daemon's, filled once with `edged.spool.Spool` and copied fresh for every round) under
+   daemon's, filled once with `edged.store.spool.Spool` and copied fresh for every round) under
    `python -m edged run` flat out (mqtt off, the bundled digits model on the bundled video read at the
    model's pace): results/s over `--seconds`, with `spool.max_age` set so that the oldest rows expire all
    through the round (E) and with no expiry (N). The backlog's spool clock is that of a daemon that
@@ -60,10 +60,10 @@ def make_payload(seq: int, rng: random.Random) -> bytes:
 
 
 def spool(path: Path, max_age_s: float) -> Any:
-    from edged.spool import Spool
-    from edged.spoolspace import SpoolLimits
+    from edged.store.settings import SpoolConfig
+    from edged.store.spool import Spool
 
-    return Spool(path, limits=SpoolLimits(max_bytes=BIG_BYTES, max_age_s=max_age_s))
+    return Spool(path, SpoolConfig(max_bytes=BIG_BYTES, max_age=max_age_s))
 
 
 def fill(path: Path, n: int, rate: float) -> dict[str, float]:
@@ -179,8 +179,8 @@ def daemon_config(state: Path, *, fps: int, max_age_s: float | None = None) -> P
 
 
 def daemon_status(state: Path) -> dict[str, Any] | None:
-    from edged.errors import StatusError
-    from edged.status import query
+    from edged.core.errors import StatusError
+    from edged.ops.status import query
 
     try:
         return query(state / "status.sock", timeout=2.0)

@@ -145,8 +145,8 @@ def write_bytes(pid: int) -> int:
 
 
 def frames(state: Path) -> int:
-    from edged.errors import StatusError
-    from edged.status import query
+    from edged.core.errors import StatusError
+    from edged.ops.status import query
 
     try:
         return int(query(state / "status.sock", timeout=1.0)["pipelines"][0]["frames"])
@@ -260,8 +260,8 @@ def measure_idle(work: Path, port: int, seconds: float) -> dict[str, Any]:
 
 def live_counts(state: Path) -> tuple[int, int, int]:
     """(results produced by every pipeline, results the broker acknowledged, spool depth) from the status."""
-    from edged.errors import StatusError
-    from edged.status import query
+    from edged.core.errors import StatusError
+    from edged.ops.status import query
 
     try:
         snap = query(state / "status.sock", timeout=2.0)

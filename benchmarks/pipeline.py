@@ -119,7 +119,7 @@ def make_session(model: Path, threads: int = 0) -> Any:
 
 def make_preprocessor(session: Any) -> Any:
     """edged's Preprocessor, resolved from the model's metadata and input, as the daemon does it."""
-    from edged.inference.preprocess import Preprocessor, PreprocessSpec
+    from edged.model.preprocess import Preprocessor, PreprocessSpec
 
     inp = session.get_inputs()[0]
     meta = dict(session.get_modelmeta().custom_metadata_map)

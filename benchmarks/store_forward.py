@@ -2,10 +2,10 @@
 
 One run, three parts, printed side by side (and as JSON with `--json`):
 
-1. Drain. N results (default 50,000) are buffered in an `edged.spool.Spool` while no broker runs
+1. Drain. N results (default 50,000) are buffered in an `edged.store.spool.Spool` while no broker runs
    (`next_seq` + `append` + `flush`, ~400-byte JSON payloads shaped like the daemon's messages). Then a
    fresh Mosquitto starts (no persistence, unlimited in-flight and queue, no subscriber) and, in a child
-   process, `edged.mqtt.Publisher` drains the spool until `spool.depth == 0`. The parent samples the
+   process, `edged.uplink.publisher.Publisher` drains the spool until `spool.depth == 0`. The parent samples the
    child's VmRSS every ~50 ms (start / max / end of the drain). The same payloads are then published
    to the same broker by a bare paho QoS 1 loop (paho 2.x, `loop_start`, the same in-flight window),
    timed until the last PUBACK. Both clocks start before the TCP connect. `--repeat` rounds,
@@ -227,7 +227,7 @@ def make_payload(seq: int, rng: random.Random) -> bytes:
 
 def fill_spool(path: Path, n: int) -> tuple[float, float]:
     """Buffer n results in a new spool at `path` (no broker); (results/s, mean payload bytes)."""
-    from edged.spool import Spool
+    from edged.store.spool import Spool
 
     rng = random.Random(3)
     spool = Spool(path)
@@ -249,10 +249,10 @@ def fill_spool(path: Path, n: int) -> tuple[float, float]:
 
 def child_drain_edged(db: Path, port: int) -> dict[str, Any]:
     """(child) Drain the spool with edged's Publisher until depth 0."""
-    from edged.config import MqttConfig
-    from edged.mqtt import Publisher
-    from edged.spool import Spool
-    from edged.stats import MqttStats
+    from edged.core.stats import MqttStats
+    from edged.store.spool import Spool
+    from edged.uplink.publisher import Publisher
+    from edged.uplink.settings import MqttConfig
 
     spool = Spool(db)
     spool.start()
@@ -427,8 +427,8 @@ class DaemonRun:
 
     def status(self) -> dict[str, Any] | None:
         """The status snapshot; None while the socket does not answer."""
-        from edged.errors import StatusError
-        from edged.status import query
+        from edged.core.errors import StatusError
+        from edged.ops.status import query
 
         try:
             return query(self.state / "status.sock", timeout=1.0)

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 from edged import __version__
-from edged.config import default_config_path, key_line, load_config
-from edged.errors import ConfigError, EdgedError
-from edged.logs import setup_logging
-from edged.status import EXIT_NOT_RUNNING
+from edged.core.configfile import default_config_path
+from edged.core.errors import ConfigError, EdgedError
+from edged.ops.logs import setup_logging
+from edged.ops.status import EXIT_NOT_RUNNING
 
 log = logging.getLogger("edged")
 TOOLS = ("inspect", "quantize", "validate", "bench", "budget", "record")
@@ -128,6 +128,12 @@ def _quantize_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     q.add_argument("--weight-type", choices=QUANT_TYPES, default="int8", help="default int8 (symmetric)")
     q.add_argument("--per-tensor", action="store_true", help="per-tensor weights instead of per-channel")
     q.add_argument("--asymmetric-activations", action="store_true", help="activation zero points other than 0")
+    q.add_argument(
+        "--reduce-range",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="7-bit weights; auto: on an x86 CPU without VNNI, where 8-bit weights saturate (default auto)",
+    )
     q.add_argument("--percentile", type=float, default=99.999, help="for --method percentile")
     q.add_argument("--shape", type=_shape, help="pin dynamic input axes, e.g. 1,3,224,224")
     q.add_argument("--no-optimize", action="store_true", help="skip ORT's graph optimisation in pre-processing")
@@ -209,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911  (one return pe
         if args.command == "check-config":
             return _check_config(args.file, verbose=args.verbose)
         if args.command == "prepare":
-            from edged.inference.engines import prepare  # noqa: PLC0415
+            from edged.config import load_config  # noqa: PLC0415  (the schema imports every stage)
+            from edged.tools.prepare import prepare  # noqa: PLC0415
 
             return prepare(load_config(args.config or default_config_path()))
         if args.command == "status":
@@ -235,29 +242,17 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911  (one return pe
 
 
 def _check_config(path: Path, *, verbose: bool = False) -> int:
-    """Every check `edged run` makes before it opens a device: the schema, then each model as its pipeline
-    would use it (ONNX Runtime loads it; its input fits the preprocessing or the sensor window; the
-    postprocessing fits its outputs), on the CPU and without warm-up runs."""
-    from edged.inference.session import load_problem  # noqa: PLC0415  (keeps `edged status` light)
-    from edged.pipeline import check_pipeline_model  # noqa: PLC0415
+    from edged.ops.checkconfig import check_config  # noqa: PLC0415  (the schema imports every stage)
 
-    config = load_config(path)
     if not verbose:  # one line per problem, nothing else: the model loads log at INFO
         logging.getLogger().setLevel(logging.WARNING)
-    problems = []
-    for i, p in enumerate(config.pipelines):
-        unloadable = load_problem(p.model.path)
-        why = f"ONNX Runtime cannot load it: {unloadable}" if unloadable else check_pipeline_model(p, config.state_dir)
-        if why is not None:
-            line = key_line(path, ("pipelines", i, "model", "path"))
-            problems.append(f"{path}:{line} pipelines[{i}].model.path={p.model.path}: {why}")
-    if problems:
-        raise ConfigError(problems)
+    config = check_config(path)
     print(f"{path}: OK ({len(config.pipelines)} pipeline(s), device {config.device_id})")
     return 0
 
 
 def _run(path: Path, *, verbose: bool) -> int:
+    from edged.config import load_config  # noqa: PLC0415
     from edged.daemon import Daemon, run_daemon  # noqa: PLC0415
 
     config = load_config(path)
@@ -267,14 +262,16 @@ def _run(path: Path, *, verbose: bool) -> int:
 
 
 def _status(config_path: Path | None, socket_path: Path | None, *, as_json: bool, watch: bool, interval: float) -> int:
-    from edged.status import exit_code, query  # noqa: PLC0415
-    from edged.statusview import render  # noqa: PLC0415
+    from edged.ops.status import exit_code, query  # noqa: PLC0415
+    from edged.ops.statusview import render  # noqa: PLC0415
 
     if socket_path is None:
+        from edged.config import load_config  # noqa: PLC0415
+
         socket_path = load_config(config_path or default_config_path()).status_socket
     color = None if sys.stdout.isatty() else False
     if watch:
-        from edged.statusview import watch as watch_status  # noqa: PLC0415
+        from edged.ops.statusview import watch as watch_status  # noqa: PLC0415
 
         return watch_status(socket_path, max(0.1, interval), color=color)
     snapshot = query(socket_path)

@@ -6,30 +6,29 @@ import logging
 import os
 import select
 import signal
-import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from edged import __version__
-from edged.config import Config, PipelineConfig
-from edged.errors import EdgedError, ModelError, ProviderError
-from edged.inference import engines
-from edged.inference.session import CPU, TENSORRT, select_providers, share_cores, usable_cores
-from edged.mqtt import Publisher, topic_for
-from edged.pipeline import InferenceWorker, Model, ModelRef, ResultHook, Turnstile
-from edged.publish import pipeline_outputs
-from edged.reload import Reloader, model_file_stat
-from edged.sources import FrameSlot, Source, make_source, source_factory
-from edged.spool import Spool, SpoolLimits
-from edged.statelock import StateLock
-from edged.stats import MqttStats, PipelineStats
-from edged.status import StatusServer
-from edged.systemd import notify, watchdog_interval
-from edged.waker import Waker
+from edged.config import Config
+from edged.core.errors import EdgedError, ModelError, ProviderError
+from edged.core.stats import MqttStats, PipelineStats
+from edged.core.threads import Supervised
+from edged.core.waker import Waker
+from edged.model import engines
+from edged.model.session import CPU, TENSORRT, select_providers, share_cores, usable_cores
+from edged.ops.reload import Reloader
+from edged.ops.statelock import StateLock
+from edged.ops.status import StatusServer
+from edged.ops.systemd import notify, watchdog_interval
+from edged.pipeline.model import Model, load_pipeline_model
+from edged.pipeline.runner import PipelineRunner
+from edged.pipeline.worker import ResultHook
+from edged.store.spool import Spool
+from edged.uplink.publisher import Publisher, topic_for
 
 log = logging.getLogger(__name__)
 
@@ -37,31 +36,10 @@ STATUS_EVERY_S = 5.0
 LOG_EVERY_S = 60.0  # a one-line summary in the journal
 STOP_DEADLINE_S = 25.0  # everything stop() does, below TimeoutStopSec=30 in systemd/edged.service
 RELOAD_JOIN_S = 5.0  # a model swap in progress (a TensorRT build can take minutes: it is abandoned)
-SOURCE_JOIN_S = 5.0
-WORKER_JOIN_S = 10.0
 FLUSH_S = 10.0
 PUBLISHER_CLOSE_S = 3.0  # after the grace: `offline`, DISCONNECT, paho's thread
 DROP_WINDOW_S = 60.0  # results dropped within this make the daemon degraded
 ACK_STALL_S = 30.0  # connected, results waiting, and no PUBACK for this long: degraded
-
-
-@dataclass
-class PipelineRuntime:
-    """The threads and counters of one running pipeline."""
-
-    cfg: PipelineConfig
-    stats: PipelineStats
-    slot: FrameSlot
-    source: Source | None = None
-    workers: list[InferenceWorker] = field(default_factory=list)
-    ref: ModelRef | None = None
-    cores: int | None = None  # this pipeline's share of the CPU cores
-    model_stat: tuple[int, int, int] | None = None  # (mtime_ns, size, inode) of the model file in use
-    seen_stat: tuple[int, int, int] | None = None  # what the last poll saw (a swap waits for it to settle)
-
-    def running(self) -> bool:
-        """True while any inference worker of the pipeline is alive."""
-        return any(w.is_alive() and not w.finished for w in self.workers)
 
 
 class Daemon:
@@ -77,8 +55,6 @@ class Daemon:
     ) -> None:
         self.config = config
         self.reloader = Reloader(self, config_path)
-        self.on_result = on_result
-        self.source_kwargs = source_kwargs or {}
         self.state = "starting"
         self.started = time.monotonic()
         # wait() sleeps on this; a stop request, a SIGHUP or an inference worker that ended pokes it (safe
@@ -91,10 +67,17 @@ class Daemon:
         self._drops: deque[tuple[float, int]] = deque(maxlen=4096)
         self.mqtt_stats = MqttStats(enabled=config.mqtt.enabled)
         self.pipelines = [
-            PipelineRuntime(p, PipelineStats(p.name, str(p.source.uri)), FrameSlot()) for p in config.pipelines
+            PipelineRunner(
+                p,
+                state_dir=config.state_dir,
+                device_id=config.device_id,
+                topic=topic_for(config.mqtt.topic, config.device_id, p.name),
+                on_result=on_result,
+                on_worker_exit=self._poke,
+                source_kwargs=source_kwargs,
+            )
+            for p in config.pipelines
         ]
-        for p in config.pipelines:
-            source_factory(p.source.type)  # import the source modules (OpenCV...) now, not halfway through start()
         self.spool: Spool | None = None
         self.left_in_spool = 0  # results still waiting for the broker when stop() finished
         self.publisher: Publisher | None = None
@@ -110,20 +93,7 @@ class Daemon:
         self._wake = Waker()
         try:
             self.state_lock = StateLock(cfg.state_dir)  # before anything is opened: one daemon per state_dir
-            self.spool = Spool(
-                cfg.state_dir / "spool.db",
-                sync=cfg.spool.sync,
-                batch_max=cfg.spool.batch_max,
-                batch_ms=cfg.spool.batch_ms,
-                limits=SpoolLimits(
-                    max_bytes=cfg.spool.max_bytes,
-                    max_age_s=cfg.spool.max_age,
-                    on_full=cfg.spool.on_full,
-                    min_free_bytes=cfg.spool.min_free_bytes,
-                    ballast_bytes=cfg.spool.ballast_bytes,
-                    dead_letter_after=cfg.mqtt.dead_letter_after,
-                ),
-            )
+            self.spool = Spool(cfg.state_dir / "spool.db", cfg.spool, dead_letter_after=cfg.mqtt.dead_letter_after)
             self.spool.start()
             self.status_server = StatusServer(cfg.status_socket, self.snapshot, cfg.status.mode)
             self.status_server.start()
@@ -136,34 +106,8 @@ class Daemon:
             raise
         if self.publisher is not None:
             self.publisher.start()
-        for rt, model in zip(self.pipelines, models, strict=True):
-            topic = topic_for(cfg.mqtt.topic, cfg.device_id, rt.cfg.name)
-            turnstile = Turnstile(rt.slot)
-            rt.ref = ModelRef(model)
-            rt.model_stat = model_file_stat(rt.cfg.model.path)
-            publish, snapshots = pipeline_outputs(rt.cfg, cfg.state_dir)
-            rt.workers = [
-                InferenceWorker(
-                    rt.cfg,
-                    rt.ref,
-                    turnstile=turnstile,
-                    spool=self.spool,
-                    stats=rt.stats,
-                    device_id=cfg.device_id,
-                    topic=topic,
-                    on_result=self.on_result,
-                    index=i,
-                    publish=publish,
-                    snapshots=snapshots,
-                    on_exit=self._poke,
-                )
-                for i in range(model.loaded.concurrency)
-            ]
-            rt.source = self.make_source(rt)
-            for worker in rt.workers:
-                worker.start()
-            rt.source.start()
-            rt.stats.touch()  # loading and warming up was progress (a TensorRT build can take minutes)
+        for runner, model in zip(self.pipelines, models, strict=True):
+            runner.start(model, self.spool)
         self.reloader.start()
         self.state = "running"
         notify("READY=1")
@@ -174,51 +118,33 @@ class Daemon:
             cfg.status_socket,
         )
 
-    def make_source(self, rt: PipelineRuntime) -> Source:
-        """The source of a pipeline, preprocessing with its current model.
-
-        A camera preprocesses through the ModelRef (a swapped model's preprocessing applies from the next
-        frame); a sensor source cuts its windows with the model's window transform itself.
-        """
-        if rt.ref is None:
-            raise RuntimeError(f"pipeline {rt.cfg.name} has no model yet")
-        transform: Any = rt.ref.current.pre if rt.cfg.source.type == "sensor" else rt.ref
-        return make_source(
-            rt.cfg.source,
-            slot=rt.slot,
-            stats=rt.stats,
-            name=f"edged-source-{rt.cfg.name}",
-            transform=transform,
-            **self.source_kwargs,
-        )
-
     def _load_models(self) -> list[Model]:
         """Load every model, the CPU cores shared between CPU pipelines; announce TensorRT builds."""
         import onnxruntime as ort  # noqa: PLC0415
 
         available = ort.get_available_providers()
-        on_cpu = [select_providers(rt.cfg.model.providers, available)[0] == CPU for rt in self.pipelines]
-        shares = share_cores([rt.cfg.model for rt in self.pipelines], on_cpu, usable_cores())
+        on_cpu = [select_providers(runner.cfg.model.providers, available)[0] == CPU for runner in self.pipelines]
+        shares = share_cores([runner.cfg.model for runner in self.pipelines], on_cpu, usable_cores())
         models = []
-        for rt, cores in zip(self.pipelines, shares, strict=True):
-            rt.cores = cores
+        for runner, cores in zip(self.pipelines, shares, strict=True):
+            runner.cores = cores
 
-            def building(line: str, stats: PipelineStats = rt.stats) -> None:
+            def building(line: str, stats: PipelineStats = runner.stats) -> None:
                 stats.set_state("building_engine")
                 notify("STATUS=" + line)
 
             try:
-                model = engines.load_pipeline_model(
-                    rt.cfg, self.config.state_dir, cores=cores, on_building=building, notify=notify
+                model = load_pipeline_model(
+                    runner.cfg, self.config.state_dir, cores=cores, on_building=building, notify=notify
                 )
             except (ModelError, ProviderError) as exc:  # say which pipeline: a config may have several
-                raise type(exc)(f"pipeline {rt.cfg.name}: {exc}") from exc
+                raise type(exc)(f"pipeline {runner.name}: {exc}") from exc
             models.append(model)
-            if rt.stats.state == "building_engine":
-                rt.stats.set_state("starting")
-                notify(f"STATUS=TensorRT engine for pipeline {rt.cfg.name} built; starting")
+            if runner.stats.state == "building_engine":
+                runner.stats.set_state("starting")
+                notify(f"STATUS=TensorRT engine for pipeline {runner.name} built; starting")
         if any(m.loaded.provider == TENSORRT for m in models):
-            engines.cleanup(self.config)
+            engines.cleanup([p.model for p in self.config.pipelines], self.config.state_dir)
         return models
 
     def _close_partial(self) -> None:
@@ -286,16 +212,16 @@ class Daemon:
             if now >= next_log:
                 next_log += LOG_EVERY_S
                 log.info("%s", self.status_line())
-            for rt in self.pipelines:
-                if not rt.running() and rt.source is not None:
-                    rt.source.stop()  # a failed pipeline's source has nobody to feed
-            if not any(rt.running() for rt in self.pipelines):
+            for runner in self.pipelines:
+                if not runner.running():
+                    runner.stop_source()  # a failed pipeline's source has nobody to feed
+            if not any(runner.running() for runner in self.pipelines):
                 log.info("every pipeline has ended; stopping")
                 return
 
     def _watchdog(self) -> None:
         """WATCHDOG=1 only while every pipeline shows progress: a hung run stops the pings, systemd restarts us."""
-        stalled = [rt.cfg.name for rt in self.pipelines if rt.stats.stalled(self.config.watchdog_stall_s)]
+        stalled = [runner.name for runner in self.pipelines if runner.stats.stalled(self.config.watchdog_stall_s)]
         if not stalled:
             notify("WATCHDOG=1")
         elif not self._watchdog_warned:
@@ -325,21 +251,11 @@ class Daemon:
             return max(0.0, min(cap, deadline - time.monotonic()))
 
         self.reloader.stop(left(RELOAD_JOIN_S))
-        for rt in self.pipelines:
-            if rt.source is not None:
-                rt.source.stop()
-        for rt in self.pipelines:
-            if rt.source is not None:
-                rt.source.join(left(SOURCE_JOIN_S))
-                if rt.source.is_alive():
-                    log.warning(
-                        "pipeline %s: source %s did not stop within %.0f s; abandoned (its thread ends with edged)",
-                        rt.cfg.name, rt.cfg.source.uri, SOURCE_JOIN_S,
-                    )  # fmt: skip
-            rt.slot.close()  # the workers finish what is in the slot, then end
-        for rt in self.pipelines:
-            for worker in rt.workers:
-                worker.join(left(WORKER_JOIN_S))
+        for runner in self.pipelines:
+            runner.stop_source()  # every source is asked first, then each pipeline is waited for
+        pipelines_done = deadline - FLUSH_S - self.config.mqtt.shutdown_grace_s - PUBLISHER_CLOSE_S
+        for runner in self.pipelines:
+            runner.finish(max(time.monotonic(), pipelines_done))
         if self.spool is not None and not self.spool.flush(left(FLUSH_S)):
             log.error("spool: could not commit every result before stopping")
         if self.publisher is not None:
@@ -362,18 +278,17 @@ class Daemon:
     def reasons(self, spool: dict[str, Any] | None = None) -> list[str]:
         """Why the daemon is not fully working, one line each; empty when everything works."""
         out = [
-            f"pipeline {rt.cfg.name} {rt.stats.state}"
-            for rt in self.pipelines
-            if rt.stats.state in ("reconnecting", "failed", "waiting")  # waiting: a sensor sends no data
+            f"pipeline {runner.name} {runner.stats.state}"
+            for runner in self.pipelines
+            if runner.stats.state in ("reconnecting", "failed", "waiting")  # waiting: a sensor sends no data
         ]
-        threads: list[tuple[str, threading.Thread | None]] = [
-            ("edged-mqtt", self.publisher),
-            ("edged-status", self.status_server),
-            ("edged-reload", self.reloader),
-        ]
-        if self.spool is not None:
-            threads.append(("edged-spool-writer", self.spool._writer))
-        out += [f"thread {name} died" for name, t in threads if t is not None and t.ident and not t.is_alive()]
+        for runner in self.pipelines:
+            out += runner.deaths()
+        # the daemon's own threads live as long as it runs: one that ended died, with or without a cause
+        threads: list[Supervised] = [t for t in (self.publisher, self.status_server, self.reloader) if t is not None]
+        if self.spool is not None and self.spool.writer is not None:
+            threads.append(self.spool.writer)
+        out += [t.died() or f"thread {t.name} died" for t in threads if t.ident and not t.is_alive()]
         if self.config.mqtt.enabled and not self.mqtt_stats.connected:
             out.append("broker not connected")
         if spool is None and self.spool is not None:
@@ -404,9 +319,9 @@ class Daemon:
         spool = self.spool.stats() if self.spool is not None else {}
         reasons = self.reasons(spool) if self.state == "running" else []
         pipelines = []
-        for rt in self.pipelines:
-            entry = rt.stats.snapshot()
-            entry["latency_ms"]["e2e"] = self.mqtt_stats.e2e(rt.cfg.name)  # capture -> PUBACK
+        for runner in self.pipelines:
+            entry = runner.stats.snapshot()
+            entry["latency_ms"]["e2e"] = self.mqtt_stats.e2e(runner.name)  # capture -> PUBACK
             pipelines.append(entry)
         return {
             "state": ("degraded" if reasons else "running") if self.state == "running" else self.state,
@@ -423,7 +338,7 @@ class Daemon:
 
     def status_line(self) -> str:
         """One line for sd_notify STATUS= and periodic logs."""
-        fps = " ".join(f"{rt.cfg.name}={rt.stats.fps():.1f}fps" for rt in self.pipelines)
+        fps = " ".join(f"{runner.name}={runner.stats.fps():.1f}fps" for runner in self.pipelines)
         depth = self.spool.depth if self.spool is not None else 0
         broker = "connected" if self.mqtt_stats.connected else "disconnected"
         if not self.config.mqtt.enabled:
@@ -455,5 +370,5 @@ def run_daemon(daemon: Daemon) -> int:
         daemon.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    failed = [rt.cfg.name for rt in daemon.pipelines if rt.stats.state == "failed"]
+    failed = [runner.name for runner in daemon.pipelines if runner.stats.state == "failed"]
     return 1 if failed else 0

@@ -46,6 +46,11 @@ def quantize(fp32: Path, int8: Path, input_name: str, calib: Array, workdir: Pat
     Weights and activations are both signed int8 and symmetric (every zero point is 0): that is the
     only QDQ form TensorRT accepts, and TensorRT comes first in edged's default provider list. The CPU
     provider runs it as well.
+
+    Weights use 7 bits (`reduce_range`): on x86 CPUs without VNNI (AVX2 only, e.g. many AMD EPYC and older
+    Intel parts) ONNX Runtime's int8 kernels add pairs of u8 x s8 products in 16 bits, which saturates
+    with full-range weights; the demo model lost 4.5 points of held-out accuracy that way (95.5% vs
+    100% with 7-bit weights, same machine). ARM (the Pi) and VNNI CPUs are unaffected either way.
     """
     prepared = workdir / "prepared.onnx"
     quant_pre_process(str(fp32), str(prepared), skip_symbolic_shape=True)
@@ -55,6 +60,7 @@ def quantize(fp32: Path, int8: Path, input_name: str, calib: Array, workdir: Pat
         Calibration(input_name, calib),
         quant_format=QuantFormat.QDQ,
         per_channel=True,
+        reduce_range=True,
         weight_type=QuantType.QInt8,
         activation_type=QuantType.QInt8,
         calibrate_method=CalibrationMethod.MinMax,

@@ -219,7 +219,7 @@ def synthetic_image(rng: np.random.Generator, width: int = 640, height: int = 48
 
 def make_preprocessor() -> Callable[[npt.NDArray[np.uint8]], npt.NDArray[np.float32]]:
     """The preprocessing the metadata describes, done by edged's own Preprocessor."""
-    from edged.inference.preprocess import Preprocessor, PreprocessSpec
+    from edged.model.preprocess import Preprocessor, PreprocessSpec
 
     spec = PreprocessSpec.resolve(
         None,

@@ -31,7 +31,7 @@ import onnxruntime as ort
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import digit_frames
 
-from edged.inference.preprocess import Preprocessor, PreprocessSpec
+from edged.model.preprocess import Preprocessor, PreprocessSpec
 
 REPO = Path(__file__).resolve().parent.parent
 ASSETS = REPO / "edged" / "assets"

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import digit_frames
 from int8_export import quantize, set_metadata
 
-from edged.inference.preprocess import Preprocessor, PreprocessSpec
+from edged.model.preprocess import Preprocessor, PreprocessSpec
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT_DIR = REPO / "edged" / "assets"

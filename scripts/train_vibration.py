@@ -9,7 +9,7 @@ calibration on generated windows), and both models get the metadata the daemon r
 
 - `edged.name`, `edged.labels` (JSON list),
 - `edged.window` (JSON): `channels`, `window`, `hop`, `layout`, `normalize`, `mean`, `std`,
-  `sample_rate_hz` -- how a sensor source must cut and scale its samples (see edged/inference/window.py).
+  `sample_rate_hz` -- how a sensor source must cut and scale its samples (see edged/model/window.py).
 
     python scripts/train_vibration.py     # writes edged/assets/vibration.{fp32,int8}.onnx (~15 s on 2 cores)
 

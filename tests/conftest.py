@@ -26,7 +26,7 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edged.inference.preprocess import PreprocessSpec
+from edged.model.preprocess import PreprocessSpec
 
 REPO = Path(__file__).resolve().parent.parent
 ASSETS = REPO / "edged" / "assets"
@@ -275,8 +275,8 @@ class DaemonProc:
     socket: Path
 
     def status(self) -> dict[str, Any] | None:
-        from edged.errors import StatusError
-        from edged.status import query
+        from edged.core.errors import StatusError
+        from edged.ops.status import query
 
         try:
             return query(self.socket, timeout=1.0)

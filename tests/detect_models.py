@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from edged.inference.preprocess import PreprocessSpec
+from edged.model.preprocess import PreprocessSpec
 
 LABELS = ["person", "car", "dog"]
 SIZE = 64  # model input is SIZE x SIZE

@@ -174,7 +174,7 @@ def test_the_reload_thread_survives_an_unexpected_error(
 ) -> None:
     """Whatever goes wrong in one reload, the thread stays and the next reload works. Fault injection: the
     config loader raises an error nobody planned for, once (in-process, so the daemon's own objects show it)."""
-    import edged.reload
+    import edged.ops.reload
     from edged.config import load_config
     from edged.daemon import Daemon
 
@@ -191,7 +191,7 @@ def test_the_reload_thread_survives_an_unexpected_error(
             raise RuntimeError("an error nobody planned for")
         return load_config(p)
 
-    monkeypatch.setattr(edged.reload, "load_config", flaky)
+    monkeypatch.setattr(edged.ops.reload, "load_config", flaky)
     try:
         daemon.request_reload()
         wait_for(lambda: daemon.reloader.status()["result"] == "rejected", 30, "the reload rejected")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from edged.errors import ToolError
+from edged.core.errors import ToolError
 from edged.tools.budget import BudgetInputs, compute_budget, jpeg_payload_bytes
 from edged.tools.networks import PRESETS, Network
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edged.config import load_config
-from edged.errors import ConfigError
+from edged.core.errors import ConfigError
 
 
 def write(tmp_path: Path, body: str, model: Path) -> Path:

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from detect_models import LABELS, make_detector
 
-from edged.config import DetectConfig, PipelineConfig
-from edged.errors import ModelError
-from edged.inference.detect import nms
-from edged.pipeline import Model, prepare_model
+from edged.core.errors import ModelError
+from edged.model.detect import DetectConfig, nms
+from edged.pipeline.model import Model, prepare_model
+from edged.pipeline.settings import PipelineConfig
 
 WHITE = np.full((64, 128, 3), 255, np.uint8)  # a 128 x 64 frame: letterboxed into 64 x 64 with 16 px bars
 A = [48.0, 24.0, 80.0, 40.0]  # A's box (24, 28, 40, 36 in the input) back in frame pixels

@@ -19,11 +19,11 @@ import pytest
 import yaml
 from conftest import Broker, base_config, free_port, make_tiny_model, make_video, wait_for, write_config
 
-from edged.config import MqttConfig
-from edged.mqtt import Publisher
-from edged.seqlease import LEASE
-from edged.spool import Spool, SpoolLimits
-from edged.stats import MqttStats
+from edged.core.stats import MqttStats
+from edged.store.seqlease import LEASE
+from edged.store.spool import Spool, SpoolConfig
+from edged.uplink.publisher import Publisher
+from edged.uplink.settings import MqttConfig
 
 
 def committed_top(state_dir: Path, pipeline: str = "cam0") -> int:
@@ -168,7 +168,7 @@ def test_a_message_the_broker_always_rejects_is_dead_lettered_and_the_rest_flows
     own_broker.extra_conf = "message_size_limit 2000\n"
     own_broker.start()
     sub = subscribe(own_broker, "edged/dl/#")
-    spool = Spool(tmp_path / "s.db", batch_ms=10, limits=SpoolLimits(dead_letter_after=3, ballast_bytes=0))
+    spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=10, ballast_bytes=0), dead_letter_after=3)
     spool.start()
     for i in range(1, 21):
         body = {"v": 1, "pipeline": "cam0", "seq": i, "pad": "x" * (5000 if i == 5 else 10)}
@@ -202,7 +202,7 @@ def test_a_broker_that_hangs_up_over_a_message_causes_no_reconnect_storm(
     own_broker.extra_conf = "max_packet_size 300\n"
     own_broker.start()
     sub = subscribe(own_broker, "edged/storm/#")
-    spool = Spool(tmp_path / "s.db", batch_ms=10, limits=SpoolLimits(dead_letter_after=3, ballast_bytes=0))
+    spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=10, ballast_bytes=0), dead_letter_after=3)
     spool.start()
 
     def put(i: int, pad: int) -> None:
@@ -240,9 +240,7 @@ def test_quota_reached_during_an_outage_drop_counters_match_exactly(
     tmp_path: Path, own_broker: Broker, subscribe, policy: str
 ) -> None:
     spool = Spool(
-        tmp_path / "s.db",
-        batch_ms=5,
-        limits=SpoolLimits(max_bytes=20_000, on_full=policy, ballast_bytes=0, min_free_bytes=0),
+        tmp_path / "s.db", SpoolConfig(batch_ms=5, max_bytes=20_000, on_full=policy, ballast_bytes=0, min_free_bytes=0)
     )
     spool.start()
     # the publisher retries every 0.5-1 s; the test's subscriber is back well before it
@@ -294,7 +292,7 @@ def test_disk_full_evicts_early_never_crashes_and_resumes_when_space_returns(tmp
     mib = 1024 * 1024
     try:
         spool = Spool(
-            small / "s.db", batch_ms=5, limits=SpoolLimits(max_bytes=10**9, min_free_bytes=3 * mib, ballast_bytes=mib)
+            small / "s.db", SpoolConfig(batch_ms=5, max_bytes=10**9, min_free_bytes=3 * mib, ballast_bytes=mib)
         )
         spool.start()
         assert spool.ballast.present
@@ -378,7 +376,7 @@ def tls_broker(tmp_path: Path, pki: Path) -> Any:
 
 
 def tls_publisher(tmp_path: Path, host: str, port: int, ca: Path, pki: Path) -> tuple[Spool, Publisher, MqttStats]:
-    spool = Spool(tmp_path / "s.db", batch_ms=5, limits=SpoolLimits(ballast_bytes=0))
+    spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=5, ballast_bytes=0))
     spool.start()
     spool.append("cam0", spool.next_seq("cam0"), time.time(), "edged/tls/cam0/results", b'{"seq":1}')
     spool.flush()

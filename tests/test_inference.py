@@ -12,12 +12,13 @@ import pytest
 import yaml
 from conftest import base_config, make_tiny_model, make_video, write_config
 
-from edged.config import ClassifyConfig, ModelConfig, PipelineConfig, PreprocessConfig, RawConfig
-from edged.errors import ModelError, ProviderError
-from edged.inference.postprocess import Classify, Raw, make_postprocessor
-from edged.inference.preprocess import Preprocessor, PreprocessSpec
-from edged.inference.session import load_model, select_providers
-from edged.pipeline import prepare_model
+from edged.core.errors import ModelError, ProviderError
+from edged.model.postprocess import Classify, ClassifyConfig, Raw, RawConfig, make_postprocessor
+from edged.model.preprocess import Preprocessor, PreprocessSpec
+from edged.model.session import load_model, select_providers
+from edged.model.settings import ModelConfig, PreprocessConfig
+from edged.pipeline.model import prepare_model
+from edged.pipeline.settings import PipelineConfig
 
 
 def model_cfg(path: Path, **kw: object) -> ModelConfig:
@@ -64,7 +65,7 @@ def test_require_provider_turns_the_fallback_into_an_error(tiny_model: Path, tmp
 
 
 def test_tensorrt_options_are_passed_through(tiny_model: Path, tmp_path: Path) -> None:
-    from edged.inference.session import provider_options
+    from edged.model.session import provider_options
 
     cfg = model_cfg(
         tiny_model,
@@ -248,7 +249,7 @@ def test_single_channel_and_bgra_frames(channels: int) -> None:
 
 
 def test_thread_plan(tiny_model: Path) -> None:
-    from edged.inference.session import thread_plan
+    from edged.model.session import thread_plan
 
     auto = model_cfg(tiny_model)
     assert thread_plan(auto, "CPUExecutionProvider", 2) == (2, 1)  # one single-threaded run per core

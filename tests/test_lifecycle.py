@@ -21,8 +21,8 @@ from conftest import REPO, base_config, make_tiny_model, make_video, wait_for, w
 
 from edged.config import config_from_dict
 from edged.daemon import Daemon
-from edged.inference.session import LoadedModel
-from edged.logs import RateLimit
+from edged.model.session import LoadedModel
+from edged.ops.logs import RateLimit
 
 UNIT = REPO / "systemd" / "edged.service"
 
@@ -268,7 +268,7 @@ def test_a_repeating_log_line_is_rate_limited_with_a_count(caplog: pytest.LogCap
 
 
 def test_status_socket_ignores_malformed_requests(tmp_path: Path) -> None:
-    from edged.status import StatusServer, query
+    from edged.ops.status import StatusServer, query
 
     server = StatusServer(tmp_path / "s.sock", lambda: {"state": "running"})
     server.start()
@@ -286,7 +286,7 @@ def test_status_socket_ignores_malformed_requests(tmp_path: Path) -> None:
 
 
 def test_watch_refreshes_until_interrupted(tmp_path: Path) -> None:
-    from edged.status import StatusServer
+    from edged.ops.status import StatusServer
 
     calls = {"n": 0}
 
@@ -313,7 +313,7 @@ def test_watch_refreshes_until_interrupted(tmp_path: Path) -> None:
 
 
 def test_the_journal_is_used_only_when_stderr_is_the_journal(monkeypatch: pytest.MonkeyPatch) -> None:
-    from edged.logs import journal_handler
+    from edged.ops.logs import journal_handler
 
     monkeypatch.delenv("JOURNAL_STREAM", raising=False)
     assert journal_handler() is None  # plain stderr: journald (if any) adds time and unit itself
@@ -322,7 +322,7 @@ def test_the_journal_is_used_only_when_stderr_is_the_journal(monkeypatch: pytest
 
 
 def test_status_says_whether_the_model_is_int8(tmp_path: Path, tiny_model: Path) -> None:
-    from edged.inference.session import is_quantized
+    from edged.model.session import is_quantized
 
     assert is_quantized(REPO / "edged" / "assets" / "digits.int8.onnx")
     assert not is_quantized(REPO / "edged" / "assets" / "digits.fp32.onnx")

@@ -16,11 +16,11 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from edged.config import MqttConfig
-from edged.inflight import InFlight, Message
-from edged.mqtt import PackedProperties, Publisher, topic_for
-from edged.spool import Spool
-from edged.stats import MqttStats
+from edged.core.stats import MqttStats
+from edged.store.spool import Spool, SpoolConfig
+from edged.uplink.inflight import InFlight, Message
+from edged.uplink.publisher import PackedProperties, Publisher, topic_for
+from edged.uplink.settings import MqttConfig
 
 
 def fill(spool: Spool, device: str, n: int, pipeline: str = "cam0") -> None:
@@ -41,7 +41,7 @@ def stop_publisher(pub: Publisher, grace_s: float) -> None:
 
 def make(tmp_path: Path, broker: Broker, **kw: object) -> tuple[Spool, Publisher, MqttStats, str]:
     device = f"pub-{tmp_path.name[-20:].replace('_', '-')}"
-    spool = Spool(tmp_path / "s.db", batch_ms=10)
+    spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=10))
     spool.start()
     cfg = MqttConfig.model_validate(
         {"host": broker.host, "port": broker.port, "reconnect_min_s": 0.05, "reconnect_max_s": 0.2, **kw}
@@ -221,7 +221,7 @@ def test_an_ack_that_beats_its_registration_counts_its_arrival_time_and_is_colle
 
 
 def test_periodic_stats_message(tmp_path: Path, broker: Broker, subscribe) -> None:
-    spool = Spool(tmp_path / "s.db", batch_ms=10)
+    spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=10))
     spool.start()
     cfg = MqttConfig.model_validate({"host": broker.host, "port": broker.port, "stats_interval_s": 0.2})
     pub = Publisher(cfg, "statsdev", spool, MqttStats(), stats_source=lambda: {"spool": spool.stats()})
@@ -236,7 +236,7 @@ def test_periodic_stats_message(tmp_path: Path, broker: Broker, subscribe) -> No
 
 
 def test_rate_limit_token_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
-    from edged import mqttclient
+    from edged.uplink import mqttclient
 
     now = [100.0]
     monkeypatch.setattr(mqttclient.time, "monotonic", lambda: now[0])

@@ -13,10 +13,12 @@ import onnxruntime as ort
 import pytest
 from conftest import base_config, make_tiny_model, make_video, wait_for
 
-from edged.config import ModelConfig, config_from_dict
+from edged.config import config_from_dict
 from edged.daemon import Daemon
-from edged.inference import engines, trtcache
-from edged.inference.session import LoadedModel, share_cores, thread_plan
+from edged.model import engines, trtcache
+from edged.model.session import LoadedModel, share_cores, thread_plan
+from edged.model.settings import ModelConfig
+from edged.tools.prepare import prepare
 
 CPU = "CPUExecutionProvider"
 TRT = "TensorrtExecutionProvider"
@@ -215,9 +217,9 @@ def test_run_reports_building_engine_before_ready(tmp_path: Path, monkeypatch: p
     assert json.loads((key_dir / trtcache.MANIFEST).read_text())["tensorrt"] == "10.3.0"
     # once an engine is in its directory, the next start announces no build
     (key_dir / "TensorrtExecutionProvider_TRTKernel_graph_1_sm87.engine").write_bytes(b"engine")
-    assert engines.pending_build(config.pipelines[0], config.state_dir) is None
+    assert engines.pending_build(config.pipelines[0].model, config.state_dir) is None
     shutil.rmtree(key_dir)
-    assert engines.pending_build(config.pipelines[0], config.state_dir) == key_dir
+    assert engines.pending_build(config.pipelines[0].model, config.state_dir) == key_dir
 
 
 @pytest.mark.filterwarnings("ignore:Specified provider 'TensorrtExecutionProvider' is not in available provider")
@@ -226,11 +228,11 @@ def test_prepare_fails_when_the_session_does_not_get_tensorrt(tmp_path: Path, mo
     monkeypatch.setattr(ort, "get_available_providers", lambda: [TRT, CPU])
     cfg = base_config(tmp_path, make_tiny_model(tmp_path / "m.onnx"), "unused.mp4")
     cfg["pipelines"][0]["model"]["providers"] = [TRT, CPU]
-    assert engines.prepare(config_from_dict(cfg)) == 1
+    assert prepare(config_from_dict(cfg)) == 1
 
 
 def test_prepare_builds_nothing_without_tensorrt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cfg = base_config(tmp_path, make_tiny_model(tmp_path / "m.onnx"), "unused.mp4")
     caplog.set_level("INFO")
-    assert engines.prepare(config_from_dict(cfg)) == 0
+    assert prepare(config_from_dict(cfg)) == 0
     assert "no TensorRT here" in caplog.text

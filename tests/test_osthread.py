@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edged.osthread import comm_name, name_os_thread
+from edged.core.osthread import comm_name, name_os_thread
 
 
 def test_long_names_lose_the_prefix_first() -> None:
@@ -37,7 +37,7 @@ def test_a_stage_yields_the_cpu_to_the_ones_after_it_and_its_children_inherit() 
     (FFmpeg's decoders) inherit it; the calling thread (delivery) keeps its own."""
     import os
 
-    from edged.osthread import CAPTURE_NICE, yield_cpu_to_delivery
+    from edged.core.osthread import CAPTURE_NICE, yield_cpu_to_delivery
 
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     seen: dict[str, int] = {}

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from conftest import base_config, make_video
 
+from edged.capture import Frame, FrameSlot
 from edged.config import config_from_dict
 from edged.daemon import Daemon
-from edged.inference.session import LoadedModel
-from edged.pipeline import Turnstile
-from edged.sources import Frame, FrameSlot
+from edged.model.session import LoadedModel
+from edged.pipeline.worker import Turnstile
 
 
 def rows(state_dir: Path) -> list[dict[str, Any]]:

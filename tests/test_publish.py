@@ -13,9 +13,10 @@ import pytest
 from conftest import base_config
 from detect_models import make_detector
 
-from edged.config import PublishConfig, config_from_dict
+from edged.config import config_from_dict
+from edged.core.errors import ConfigError
 from edged.daemon import Daemon
-from edged.publish import PublishFilter, signature
+from edged.pipeline.publish import EveryConfig, IntervalConfig, OnChangeConfig, make_filter, signature
 
 
 def rows(state_dir: Path) -> list[dict[str, Any]]:
@@ -47,7 +48,7 @@ class FakeClock:
 
 
 def test_on_change_publishes_when_the_labels_or_a_count_change() -> None:
-    f = PublishFilter(PublishConfig(mode="on_change"))
+    f = make_filter(OnChangeConfig(mode="on_change"))
     frames = [det("car"), det("car"), det("car", "car"), det("car", "car"), det(), det(), det("dog"), det("car")]
     assert [f.decide(r)[0] for r in frames] == [True, False, True, False, True, False, True, True]
     assert signature(det("dog", "car", "car")) == (("car", 2), ("dog", 1))
@@ -56,21 +57,22 @@ def test_on_change_publishes_when_the_labels_or_a_count_change() -> None:
 
 def test_interval_and_the_on_change_heartbeat_follow_the_clock() -> None:
     clock = FakeClock()
-    interval = PublishFilter(PublishConfig(mode="interval", interval_s=2), clock)
-    beat = PublishFilter(PublishConfig(mode="on_change", interval_s=3), clock)
+    interval = make_filter(IntervalConfig(mode="interval", interval_s=2), clock)
+    beat = make_filter(OnChangeConfig(mode="on_change", interval_s=3), clock)
     got: list[tuple[bool, bool]] = []
     for t in (0.0, 1.0, 1.9, 2.0, 3.5, 4.1, 5.0):
         clock.now = t
         got.append((interval.decide(det("car"))[0], beat.decide(det("car"))[0]))
     assert [g[0] for g in got] == [True, False, False, True, False, True, False]
     assert [g[1] for g in got] == [True, False, False, False, True, False, False]
-    every = PublishFilter(PublishConfig())
+    every = make_filter(EveryConfig())
     assert all(every.decide(det("car"))[0] for _ in range(3))
 
 
 def test_interval_needs_seconds() -> None:
-    with pytest.raises(ValueError, match="interval_s > 0"):
-        PublishConfig(mode="interval")
+    with pytest.raises(ConfigError, match=r"publish.interval_s=<missing>: required key is missing"):
+        config_from_dict({"pipelines": [{"name": "p", "source": {"type": "camera", "uri": 0},
+                          "model": {"path": __file__}, "publish": {"mode": "interval"}}]})  # fmt: skip
 
 
 def test_on_change_in_the_daemon_counts_every_frame_and_numbers_only_published_results(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from conftest import REPO
 from pydantic import BaseModel
 
 from edged.config import Config
-from edged.units import parse_duration, parse_size
+from edged.core.units import parse_duration, parse_size
 
 ROW = re.compile(r"^\| (`[^|]*`) \| ([^|]*) \|")
 

@@ -111,7 +111,7 @@ def test_a_model_run_would_refuse_fails_check_config_too_and_run_names_the_pipel
     assert checked.returncode == 1, checked.stdout
     (problem,) = checked.stderr.strip().splitlines()
     assert problem.startswith(f"{path}:")
-    assert f"pipelines[0].model.path={dyn}" in problem
+    assert "pipelines[0].preprocess=<missing>" in problem  # the key at fault, not the model file
     assert "size" in problem  # what to add: preprocess.size
     ran = run_cli("run", "--config", str(path))
     assert ran.returncode == 1
@@ -155,9 +155,9 @@ def test_stop_keeps_one_deadline_and_abandons_a_source_stuck_in_a_read(
     # one SIGTERM took 30.4 s with a silent HTTP camera: every stop budget was added up (unit: TimeoutStopSec=30)
     import logging
 
-    import edged.daemon
+    import edged.pipeline.runner
 
-    monkeypatch.setattr(edged.daemon, "SOURCE_JOIN_S", 0.5)
+    monkeypatch.setattr(edged.pipeline.runner, "SOURCE_JOIN_S", 0.5)
     camera, second = SilentCamera(), SilentCamera(0)
     cfg = base_config(tmp_path, tiny_model, "rtsp://camera.invalid/stream", stop_at_end=False)
     daemon = Daemon(config_from_dict(cfg), source_kwargs={"capture_factory": lambda _c: camera})
@@ -167,7 +167,7 @@ def test_stop_keeps_one_deadline_and_abandons_a_source_stuck_in_a_read(
         stats = daemon.pipelines[0].stats
         # a live source: the latest frame wins, so the model may skip some of the 20
         wait_for(lambda: stats.frames_captured >= 20 and stats.frames >= 1, 30, "frames before the camera went silent")
-        with caplog.at_level(logging.WARNING, logger="edged.daemon"):
+        with caplog.at_level(logging.WARNING, logger="edged.pipeline.runner"):
             stopper.start()
             stopper.join(60)
         assert not stopper.is_alive(), "stop() did not return"
@@ -190,10 +190,10 @@ def test_a_source_replaced_on_reload_that_will_not_stop_is_detached(
     tmp_path: Path, tiny_model: Path, monkeypatch: Any
 ) -> None:
     # the old source outlived its join and went on feeding the slot beside its replacement
-    import edged.reload
+    import edged.pipeline.runner
     from edged.config import load_config
 
-    monkeypatch.setattr(edged.reload, "SOURCE_STOP_S", 0.5)
+    monkeypatch.setattr(edged.pipeline.runner, "SOURCE_STOP_S", 0.5)
     stuck, fresh = SilentCamera(), SilentCamera(10**9)  # the new camera never runs out
     cfg = base_config(tmp_path, tiny_model, "rtsp://old.invalid/stream", stop_at_end=False)
     path = write_config(tmp_path / "edged.yaml", cfg)

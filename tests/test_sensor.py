@@ -18,18 +18,31 @@ import numpy as np
 import pytest
 from conftest import ASSETS, REPO, wait_for, write_config
 
+from edged.capture import FrameSlot, make_source
+from edged.capture.sensor import SensorSource, SensorSourceConfig
+from edged.capture.sensor_io import CommandTransport, UdpTransport
 from edged.config import config_from_dict
+from edged.core.errors import ModelError
+from edged.core.stats import PipelineStats
 from edged.daemon import Daemon
-from edged.errors import ModelError
-from edged.sources import FrameSlot, make_source
-from edged.sources.sensor import SensorSource, SensorSourceConfig
-from edged.sources.sensor_io import CommandTransport, UdpTransport
-from edged.stats import PipelineStats
+from edged.model.window import WindowSpec, WindowTransform
 
 
 def sensor(**kw: Any) -> SensorSourceConfig:
     base = {"type": "sensor", "format": "csv", "channels": [0, 1], "window": 4, "stall_s": 30.0}
     return SensorSourceConfig.model_validate({"reconnect_min_s": 0.02, "reconnect_max_s": 0.1, **base, **kw})
+
+
+class ConfigWindow:
+    """The Preparer a pipeline hands its sensor source (edged/model/window.py's transform), here for a
+    window the config gives in full (these tests run the source without a model)."""
+
+    def __init__(self, cfg: SensorSourceConfig) -> None:
+        self.spec = WindowSpec.from_settings(cfg.window_settings())
+        self._transform = WindowTransform(self.spec)
+
+    def __call__(self, data: np.ndarray) -> tuple[np.ndarray, object]:
+        return self._transform(data), self.spec
 
 
 class Running:
@@ -38,7 +51,7 @@ class Running:
     def __init__(self, cfg: SensorSourceConfig) -> None:
         self.slot = FrameSlot()
         self.stats = PipelineStats("s0", cfg.uri)
-        src = make_source(cfg, slot=self.slot, stats=self.stats, name="edged-source-s0")
+        src = make_source(cfg, slot=self.slot, stats=self.stats, name="edged-source-s0", prepare=ConfigWindow(cfg))
         assert isinstance(src, SensorSource)
         self.src = src
         src.start()

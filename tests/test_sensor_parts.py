@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edged.capture.sensor import MalformedLog
+from edged.capture.sensor_parse import MAX_LINE, BinaryParser, CsvParser, JsonParser, SampleClock, Windower
 from edged.config import load_config
-from edged.errors import ConfigError, ModelError
-from edged.inference.window import WindowSpec, WindowTransform
-from edged.sources.sensor import MalformedLog
-from edged.sources.sensor_parse import MAX_LINE, BinaryParser, CsvParser, JsonParser, SampleClock, Windower
-from edged.stats import PipelineStats
-from edged.statusview import render
+from edged.core.errors import ConfigError, ModelError
+from edged.core.stats import PipelineStats
+from edged.model.window import WindowSpec, WindowTransform
+from edged.ops.statusview import render
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -195,7 +195,7 @@ def test_status_table_shows_malformed_input(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_malformed_log_is_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="edged.sources.sensor")
+    caplog.set_level(logging.WARNING, logger="edged.capture.sensor")
     m = MalformedLog("source x", every_s=3600)
     for _ in range(50):
         m.note(2, "bad")

@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 from conftest import make_video, wait_for
 
-from edged.backoff import Backoff
-from edged.config import CameraSourceConfig
-from edged.sources import SOURCES, Frame, FrameSlot, make_source
-from edged.sources.camera import CameraSource, source_kind
-from edged.stats import PipelineStats
+from edged.capture import SOURCES, Frame, FrameSlot, make_source
+from edged.capture.camera import CameraSource, CameraSourceConfig, source_kind
+from edged.core.backoff import Backoff
+from edged.core.stats import PipelineStats
 
 
 def camera(uri: str | int, **kw: Any) -> CameraSourceConfig:
@@ -212,7 +211,7 @@ def test_registry_can_be_swapped_by_tests(monkeypatch: pytest.MonkeyPatch) -> No
             super().__init__(name="dummy")
             made.append(cfg)
 
-    monkeypatch.setitem(SOURCES, "camera", Dummy)
+    monkeypatch.setitem(SOURCES.factories, "camera", Dummy)
     make_source(camera(0), slot=FrameSlot(), stats=PipelineStats("p", "0"))
     assert len(made) == 1
 
@@ -253,7 +252,7 @@ def test_http_stream_is_read_through_ffmpeg_and_reconnected_when_it_ends(tmp_pat
 
 
 def test_gstreamer_pipeline_without_gstreamer_support_says_what_to_do() -> None:
-    from edged.sources.camera import has_backend
+    from edged.capture.camera import has_backend
 
     if has_backend("GStreamer"):
         pytest.skip("this OpenCV has GStreamer; the message is for builds without it")

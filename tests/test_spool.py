@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from edged.errors import SpoolError
-from edged.spool import Spool, SpoolLimits
+from edged.core.errors import SpoolError
+from edged.store.spool import Spool, SpoolConfig
 
 
 def add(spool: Spool, pipeline: str, n: int) -> list[int]:
@@ -29,7 +29,7 @@ def count_rows(path: Path) -> int:
 
 
 def test_commits_in_batches_of_batch_max(tmp_path: Path) -> None:
-    spool = Spool(tmp_path / "s.db", batch_max=10, batch_ms=60_000)
+    spool = Spool(tmp_path / "s.db", SpoolConfig(batch_max=10, batch_ms=60_000))
     spool.start()
     add(spool, "a", 25)
     commits = spool.wait_for_commit(0, 10)
@@ -42,7 +42,7 @@ def test_commits_in_batches_of_batch_max(tmp_path: Path) -> None:
 
 
 def test_commits_a_partial_batch_when_batch_ms_passes(tmp_path: Path) -> None:
-    spool = Spool(tmp_path / "s.db", batch_max=1000, batch_ms=20)
+    spool = Spool(tmp_path / "s.db", SpoolConfig(batch_max=1000, batch_ms=20))
     spool.start()
     add(spool, "a", 3)
     assert spool.wait_for_commit(0, 10) == 1
@@ -51,14 +51,14 @@ def test_commits_a_partial_batch_when_batch_ms_passes(tmp_path: Path) -> None:
 
 
 def test_wal_mode_and_sync_setting(tmp_path: Path) -> None:
-    spool = Spool(tmp_path / "s.db", sync="full")
+    spool = Spool(tmp_path / "s.db", SpoolConfig(sync="full"))
     assert spool._wconn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert spool._wconn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     spool.close()
 
 
 def test_seq_continues_after_restart_even_when_everything_was_delivered(tmp_path: Path) -> None:
-    spool = Spool(tmp_path / "s.db", batch_ms=0)
+    spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=0))
     spool.start()
     assert add(spool, "cam0", 3) == [1, 2, 3]
     add(spool, "cam1", 1)
@@ -75,7 +75,7 @@ def test_seq_continues_after_restart_even_when_everything_was_delivered(tmp_path
 
 
 def test_fetch_is_oldest_first_and_ack_removes_only_acked_rows(tmp_path: Path) -> None:
-    spool = Spool(tmp_path / "s.db", batch_ms=0)
+    spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=0))
     spool.start()
     add(spool, "a", 5)
     spool.flush()
@@ -95,7 +95,7 @@ def test_fetch_is_oldest_first_and_ack_removes_only_acked_rows(tmp_path: Path) -
 
 
 def test_rows_left_at_close_are_there_after_reopen(tmp_path: Path) -> None:
-    spool = Spool(tmp_path / "s.db", batch_max=1000, batch_ms=60_000)
+    spool = Spool(tmp_path / "s.db", SpoolConfig(batch_max=1000, batch_ms=60_000))
     spool.start()
     add(spool, "a", 7)
     spool.close()  # commits what is queued
@@ -125,10 +125,9 @@ def test_unwritable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
 # -- policies ---------------------------------------------------------------------------------------------
 
 
-def policy_spool(tmp_path: Path, **limits: object) -> Spool:
-    spool = Spool(
-        tmp_path / "s.db", batch_ms=0, limits=SpoolLimits(**{"min_free_bytes": 0, "ballast_bytes": 0, **limits})
-    )
+def policy_spool(tmp_path: Path, dead_letter_after: int = 5, **limits: object) -> Spool:
+    settings = {"batch_ms": 0, "min_free_bytes": 0, "ballast_bytes": 0, **limits}
+    spool = Spool(tmp_path / "s.db", SpoolConfig.model_validate(settings), dead_letter_after=dead_letter_after)
     spool.start()
     return spool
 
@@ -159,7 +158,7 @@ def test_max_bytes_applies_the_on_full_policy_and_counts_every_drop(tmp_path: Pa
 
 
 def test_ttl_runs_on_a_clock_that_ignores_wall_clock_jumps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    spool = policy_spool(tmp_path, max_age_s=3600)
+    spool = policy_spool(tmp_path, max_age=3600)
     add_sized(spool, 3)
     # the wall clock jumps 50 years ahead (a Pi without RTC booting in 1970, then NTP): nothing expires
     real_time = time.time
@@ -203,7 +202,7 @@ def test_refused_rows_go_to_dead_letters_after_n_tries(tmp_path: Path) -> None:
 
 
 def test_capacity_shrinks_to_the_free_disk_space(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from edged import spoolspace
+    from edged.store import spoolspace
 
     spool = policy_spool(tmp_path, max_bytes=10**9, min_free_bytes=500)
     monkeypatch.setattr(spoolspace, "free_bytes", lambda _p: 1200)  # the disk is nearly full
@@ -218,7 +217,7 @@ def test_capacity_shrinks_to_the_free_disk_space(tmp_path: Path, monkeypatch: py
 def test_a_disk_smaller_than_min_free_bytes_still_buffers_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from edged import spoolspace
+    from edged.store import spoolspace
 
     spool = policy_spool(tmp_path, max_bytes=10**9, min_free_bytes=64 * 2**20)
     monkeypatch.setattr(spoolspace, "free_bytes", lambda _p: 3000)  # 3 kB free, 64 MiB asked for
@@ -231,7 +230,7 @@ def test_a_disk_smaller_than_min_free_bytes_still_buffers_and_says_so(
 
 
 def test_a_drained_backlog_gives_its_room_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from edged import spoolspace
+    from edged.store import spoolspace
 
     spool = policy_spool(tmp_path, max_bytes=10**9, min_free_bytes=0)
     add_sized(spool, 2000, size=1000)  # ~2 MB in the file
@@ -320,7 +319,7 @@ def test_a_truncated_wal_loses_at_most_the_torn_commit(tmp_path: Path) -> None:
 
 
 def test_a_result_acknowledged_before_its_commit_is_never_written(tmp_path: Path) -> None:
-    spool = Spool(tmp_path / "s.db", batch_ms=60_000)
+    spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=60_000))
     spool.start()
     add(spool, "a", 3)
     live = spool.fetch(0, 10)
@@ -335,7 +334,7 @@ def test_a_result_acknowledged_before_its_commit_is_never_written(tmp_path: Path
 
 
 def test_a_result_never_acknowledged_is_committed_within_the_window(tmp_path: Path) -> None:
-    spool = Spool(tmp_path / "s.db", batch_ms=20, batch_max=1000)
+    spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=20, batch_max=1000))
     spool.start()
     add(spool, "a", 2)
     assert spool.wait_for_commit(0, 10) >= 1
@@ -358,7 +357,7 @@ def crash_copy(tmp_path: Path, name: str) -> Path:
 
 
 def test_a_crash_between_publish_and_commit_never_reuses_a_seq(tmp_path: Path) -> None:
-    spool = Spool(tmp_path / "s.db", batch_ms=60_000)
+    spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=60_000))
     spool.start()
     add(spool, "a", 5)
     spool.ack([r.id for r in spool.fetch(0, 10)])  # published from memory, acknowledged, never committed
@@ -388,7 +387,7 @@ def test_seq_survives_a_rolled_back_wal(tmp_path: Path) -> None:
 
 
 def test_a_locked_database_is_waited_for_and_never_moved_aside(tmp_path: Path) -> None:
-    from edged import spooldb
+    from edged.store import spooldb
 
     spool = policy_spool(tmp_path)
     add_sized(spool, 5)
@@ -410,7 +409,7 @@ def test_a_locked_database_is_waited_for_and_never_moved_aside(tmp_path: Path) -
 
 
 def test_a_refusal_counts_at_once_and_a_dead_letter_is_never_sent_again(tmp_path: Path) -> None:
-    spool = Spool(tmp_path / "s.db", batch_ms=60_000, limits=SpoolLimits(dead_letter_after=3, ballast_bytes=0))
+    spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=60_000, ballast_bytes=0), dead_letter_after=3)
     spool.start()
     add(spool, "a", 2)
     bad = spool.fetch(0, 1)[0]
@@ -424,7 +423,7 @@ def test_a_refusal_counts_at_once_and_a_dead_letter_is_never_sent_again(tmp_path
 
 
 def test_a_row_that_can_never_be_sent_is_a_dead_letter_at_once(tmp_path: Path) -> None:
-    spool = Spool(tmp_path / "s.db", batch_ms=60_000, limits=SpoolLimits(dead_letter_after=5, ballast_bytes=0))
+    spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=60_000, ballast_bytes=0), dead_letter_after=5)
     spool.start()
     add(spool, "a", 2)
     bad = spool.fetch(0, 1)[0]

@@ -14,10 +14,10 @@ import pytest
 from conftest import base_config, make_video, wait_for
 
 from edged.config import config_from_dict
+from edged.core.errors import StatusError
 from edged.daemon import Daemon
-from edged.errors import StatusError
-from edged.status import StatusServer, exit_code, query
-from edged.statusview import render
+from edged.ops.status import StatusServer, exit_code, query
+from edged.ops.statusview import render
 
 
 def test_server_answers_with_a_snapshot_and_is_not_world_writable(tmp_path: Path) -> None:

@@ -15,9 +15,9 @@ import onnxruntime as ort
 import pytest
 from tools_models import SIZE, make_conv_model, make_frames
 
-from edged.config import PreprocessConfig
-from edged.errors import ToolError
-from edged.inference.session import file_sha256
+from edged.core.errors import ToolError
+from edged.model.session import file_sha256
+from edged.model.settings import PreprocessConfig
 from edged.tools.bench import BenchOptions, bench_models
 from edged.tools.common import require_onnx
 from edged.tools.frames import iter_frames, load_inputs

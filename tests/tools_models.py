@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from edged.inference.preprocess import PreprocessSpec
+from edged.model.preprocess import PreprocessSpec
 from edged.tools.frames import save_frames
 
 SIZE = 16

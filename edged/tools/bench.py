@@ -17,10 +17,10 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
-from edged.config import PreprocessConfig
-from edged.errors import EdgedError, ToolError
-from edged.inference.preprocess import DTYPES, ORT_TYPES
-from edged.inference.session import CPU, LoadedModel, usable_cores
+from edged.core.errors import EdgedError, ToolError
+from edged.model.preprocess import DTYPES, ORT_TYPES
+from edged.model.session import CPU, LoadedModel, usable_cores
+from edged.model.settings import PreprocessConfig
 from edged.tools.common import available_providers, human_bytes, open_model, resolve_preprocessor, stdout_console
 from edged.tools.frames import Tensor, load_inputs
 from edged.tools.progress import progress_bar

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from edged.errors import ToolError
+from edged.core.errors import ToolError
 from edged.tools.common import available_providers, stdout_console
 from edged.tools.networks import Network
 

@@ -53,6 +53,7 @@ def _quantize(args: argparse.Namespace) -> int:
         activation_type=args.activation_type,
         weight_type=args.weight_type,
         per_channel=not args.per_tensor,
+        reduce_range={"auto": None, "yes": True, "no": False}[args.reduce_range],
         symmetric_activations=False if args.asymmetric_activations else None,
         calib_limit=args.calib_limit,
         shape=args.shape,
@@ -154,7 +155,8 @@ def _budget(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace) -> int:
-    from edged.config import default_config_path, load_config  # noqa: PLC0415
+    from edged.config import load_config  # noqa: PLC0415
+    from edged.core.configfile import default_config_path  # noqa: PLC0415
     from edged.tools.record import record  # noqa: PLC0415
 
     config = load_config(args.config or default_config_path())

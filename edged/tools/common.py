@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from edged.config import ModelConfig, PipelineConfig, PreprocessConfig, load_config
-from edged.errors import EdgedError, ModelError, ToolError
-from edged.inference.preprocess import Preprocessor, PreprocessSpec
-from edged.inference.session import CPU, LoadedModel, load_model
+from edged.config import load_config
+from edged.core.errors import EdgedError, ModelError, ToolError
+from edged.model.preprocess import Preprocessor, PreprocessSpec
+from edged.model.session import CPU, LoadedModel, load_model
+from edged.model.settings import ModelConfig, PreprocessConfig
+from edged.pipeline.settings import PipelineConfig
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -144,8 +146,8 @@ def open_model(path: Path, provider: str = CPU, threads: int = 0) -> Iterator[Lo
             )
         except ValidationError as exc:
             raise ToolError(f"cannot use {path} on {provider}: {exc.errors()[0]['msg']}") from exc
-        level = logging.getLogger("edged.inference.session").level
-        logging.getLogger("edged.inference.session").setLevel(logging.WARNING)  # no start-up chatter per session
+        level = logging.getLogger("edged.model.session").level
+        logging.getLogger("edged.model.session").setLevel(logging.WARNING)  # no start-up chatter per session
         try:
             model = load_model(cfg.model_copy(update={"require_provider": True}), Path(state))
         except ModelError:
@@ -153,7 +155,7 @@ def open_model(path: Path, provider: str = CPU, threads: int = 0) -> Iterator[Lo
         except EdgedError as exc:
             raise ToolError(str(exc)) from exc
         finally:
-            logging.getLogger("edged.inference.session").setLevel(level)
+            logging.getLogger("edged.model.session").setLevel(level)
         yield model
 
 

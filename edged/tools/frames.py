@@ -16,7 +16,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
-from edged.errors import ToolError
+from edged.core.errors import ToolError
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from edged.errors import ToolError
+from edged.core.errors import ToolError
 from edged.tools.common import require_onnx
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ from typing import Any
 
 import onnxruntime as ort
 
-from edged.errors import ToolError
-from edged.inference.session import file_sha256, load_problem
+from edged.core.errors import ToolError
+from edged.model.session import file_sha256, load_problem
 from edged.tools.common import available_providers, check_model_file, human_bytes, require_onnx, stdout_console
 
 log = logging.getLogger(__name__)

@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 from edged import __version__
-from edged.config import PreprocessConfig
-from edged.errors import EdgedError, ToolError
-from edged.inference.preprocess import METADATA_KEY, Preprocessor
-from edged.inference.session import file_sha256
+from edged.core.errors import EdgedError, ToolError
+from edged.model.preprocess import METADATA_KEY, Preprocessor
+from edged.model.session import file_sha256
+from edged.model.settings import PreprocessConfig
 from edged.tools import CALIBRATION_METHODS, QUANT_TYPES
 from edged.tools.common import human_bytes, require_onnx, resolve_preprocessor, stdout_console
 from edged.tools.frames import Tensor, describe, holds_tensors, load_inputs
@@ -46,6 +46,7 @@ class QuantizeOptions:
     activation_type: str = "int8"
     weight_type: str = "int8"
     per_channel: bool = True
+    reduce_range: bool | None = None  # 7-bit weights; None: when this CPU is x86 without VNNI (see below)
     symmetric_activations: bool | None = None  # None: symmetric for int8, asymmetric for uint8
     calib_limit: int = 256
     shape: tuple[int, ...] | None = None
@@ -207,6 +208,7 @@ def _quantize_static(src: Path, dst: Path, input_name: str, inputs: list[Tensor]
                 reader,
                 quant_format=QuantFormat.QDQ,
                 per_channel=opts.per_channel,
+                reduce_range=_reduce_range(opts),
                 activation_type=qtype[opts.activation_type],
                 weight_type=qtype[opts.weight_type],
                 calibrate_method=method,
@@ -228,6 +230,22 @@ def _note_float_activations(model: Any, opts: QuantizeOptions, notes: list[str])
         )
 
 
+def x86_without_vnni(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """True on an x86 CPU whose flags name no VNNI (AVX2 only): there ONNX Runtime's int8 kernels add pairs
+    of u8 x s8 products in 16 bits, which saturates with full 8-bit weights (ONNX Runtime's quantization
+    docs advise `reduce_range` for such machines). False on ARM and on VNNI CPUs, or when unknown."""
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), None)
+    return flags is not None and "avx2" in flags and not {"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags)
+
+
+def _reduce_range(opts: QuantizeOptions) -> bool:
+    return opts.reduce_range if opts.reduce_range is not None else x86_without_vnni()
+
+
 def _symmetric(opts: QuantizeOptions) -> bool:
     if opts.symmetric_activations is not None:
         return opts.symmetric_activations
@@ -246,6 +264,7 @@ def _provenance(src: Path, opts: QuantizeOptions, frames: int, opset_before: int
         "activation_symmetric": _symmetric(opts),
         "weight_type": opts.weight_type,
         "per_channel": opts.per_channel,
+        "reduce_range": _reduce_range(opts),
         "date": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
         "tool": f"edged {__version__}",
     }

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
+from edged.capture import FrameSlot, make_source
 from edged.config import Config
-from edged.errors import ToolError
-from edged.sources import FrameSlot, make_source
-from edged.stats import PipelineStats
+from edged.core.errors import ToolError
+from edged.core.stats import PipelineStats
 from edged.tools.frames import save_frames
 
 log = logging.getLogger(__name__)

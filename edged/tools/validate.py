@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from edged.config import PreprocessConfig
-from edged.errors import EdgedError, ToolError
-from edged.inference.preprocess import METADATA_KEY, Preprocessor
-from edged.inference.session import CPU, LoadedModel
+from edged.core.errors import EdgedError, ToolError
+from edged.model.preprocess import METADATA_KEY, Preprocessor
+from edged.model.session import CPU, LoadedModel
+from edged.model.settings import PreprocessConfig
 from edged.tools.common import open_model, resolve_preprocessor, stdout_console
 from edged.tools.frames import Tensor, describe, load_inputs
 from edged.tools.progress import progress_bar

@@ -1,0 +1,219 @@
+"""`camera` source: OpenCV VideoCapture on a device, a video file, a stream URL or a GStreamer pipeline."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+from pydantic import Field, model_validator
+
+from edged.capture.base import SOURCES, Frame, FrameSlot, Preparer, Source
+from edged.core.backoff import Backoff
+from edged.core.settings import Strict, check_order
+from edged.core.stats import PipelineStats
+
+log = logging.getLogger(__name__)
+
+
+class CameraSourceConfig(Strict):
+    """OpenCV VideoCapture source: a device, a video file, a stream URL or a GStreamer pipeline."""
+
+    type: Literal["camera"] = Field(description="Source type key.")
+    uri: str | int = Field(
+        description="Device index (0), /dev/videoN, a video file, rtsp:// or http:// URL, or a GStreamer "
+        "pipeline ending in appsink."
+    )
+    fps: float = Field(
+        0.0,
+        ge=0,
+        description="Target frames/s. 0 = as fast as the model goes (a file is then read at model pace, "
+        "nothing dropped; a live source still delivers the latest frame).",
+    )
+    loop: bool = Field(False, description="Start a video file again at its end instead of reconnecting.")
+    width: int | None = Field(None, gt=0, description="Resolution to request from a camera (width).")
+    height: int | None = Field(None, gt=0, description="Resolution to request from a camera (height).")
+    reconnect_min_s: float = Field(0.5, gt=0, description="First reconnect delay after a failure.")
+    reconnect_max_s: float = Field(30.0, gt=0, description="Cap of the exponential reconnect delay.")
+    stop_at_end: bool = Field(
+        False,
+        description="A video file that ends stops this pipeline instead of being reopened "
+        "(used by `edged demo` and batch jobs).",
+    )
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> CameraSourceConfig:
+        check_order(self, "reconnect_min_s", "reconnect_max_s")
+        return self
+
+
+CaptureFactory = Callable[[CameraSourceConfig], Any]
+ReadOutcome = Literal["stopped", "end", "failed"]
+
+
+def source_kind(uri: str | int) -> str:
+    """Classify a camera uri: device, file, stream or gstreamer."""
+    if isinstance(uri, int) or uri.isdigit() or uri.startswith("/dev/video"):
+        return "device"
+    if "://" in uri:
+        return "stream"
+    if "!" in uri:
+        return "gstreamer"
+    return "file"
+
+
+@functools.cache
+def has_backend(name: str) -> bool:
+    """Whether this OpenCV build includes a video I/O backend (e.g. "GStreamer", "FFMPEG")."""
+    pattern = rf"^\s*{re.escape(name)}:\s*YES"
+    return re.search(pattern, cv2.getBuildInformation(), re.MULTILINE) is not None
+
+
+def open_capture(cfg: CameraSourceConfig) -> Any:
+    """Open a cv2.VideoCapture for the config; the caller checks isOpened()."""
+    uri = cfg.uri
+    kind = source_kind(uri)
+    if kind == "device":
+        target: str | int = int(uri) if isinstance(uri, int) or uri.isdigit() else uri
+        cap = cv2.VideoCapture(target)
+    elif kind == "gstreamer":
+        cap = cv2.VideoCapture(str(uri), cv2.CAP_GSTREAMER)
+    elif kind == "stream":
+        cap = cv2.VideoCapture(str(uri), cv2.CAP_FFMPEG)
+    else:
+        cap = cv2.VideoCapture(str(uri))
+    if cap.isOpened() and kind == "device":
+        if cfg.width:
+            cap.set(cv2.CAP_PROP_FRAME_WIDTH, cfg.width)
+        if cfg.height:
+            cap.set(cv2.CAP_PROP_FRAME_HEIGHT, cfg.height)
+        if cfg.fps:
+            cap.set(cv2.CAP_PROP_FPS, cfg.fps)
+    return cap
+
+
+@SOURCES.register("camera", CameraSourceConfig)
+class CameraSource(Source):
+    """Reads frames into a FrameSlot; reconnects with capped exponential backoff when the source fails.
+
+    Pacing: a live source (device, stream) is read continuously and the latest frame wins. A file is a
+    recording, not a live feed: with `fps: 0` it is read at the model's pace (nothing dropped); with
+    `fps > 0` it is played in real time, so a slow model drops frames like it would on a camera.
+    """
+
+    def __init__(
+        self,
+        cfg: CameraSourceConfig,
+        *,
+        slot: FrameSlot,
+        stats: PipelineStats,
+        name: str = "edged-source",
+        capture_factory: CaptureFactory = open_capture,
+        prepare: Preparer | None = None,
+    ) -> None:
+        super().__init__(name)
+        self.cfg = cfg
+        self.slot = slot
+        self.stats = stats
+        self.kind = source_kind(cfg.uri)
+        self._open = capture_factory
+        self._prepare = prepare
+        self._counter = 0
+
+    def body(self) -> None:
+        """Open, read, and on failure reopen with backoff, until stopped or the file ended for good."""
+        backoff = Backoff(self.cfg.reconnect_min_s, self.cfg.reconnect_max_s)
+        failures_logged = 0
+        try:
+            while not self._halt.is_set():
+                cap, why = self._try_open()
+                if cap is None:
+                    failures_logged = self._note_failure(why, failures_logged)
+                    self._halt.wait(backoff.next_delay())
+                    continue
+                self.stats.set_state("running")
+                outcome, frames = self._read_loop(cap)
+                cap.release()
+                if frames:
+                    backoff.reset()
+                    failures_logged = 0
+                if outcome == "stopped":
+                    break
+                if outcome == "end" and self.kind == "file":
+                    if self.cfg.stop_at_end:
+                        log.info(
+                            "source %s: end of file after %d frames", self.cfg.uri, frames,
+                            extra={"PIPELINE": self.stats.name},
+                        )  # fmt: skip
+                        self.stats.set_state("ended")
+                        return
+                    if self.cfg.loop and frames:
+                        continue  # start the file again at once
+                why = "end of file" if outcome == "end" else "read failed"
+                failures_logged = self._note_failure(f"{why} after {frames} frames", failures_logged)
+                self._halt.wait(backoff.next_delay())
+        finally:
+            if self._close_slot:
+                self.slot.close()
+
+    def _try_open(self) -> tuple[Any, str]:
+        if self.kind == "file" and not Path(str(self.cfg.uri)).is_file():
+            return None, "file not found"
+        if self.kind == "gstreamer" and not has_backend("GStreamer"):
+            # PyPI's opencv-python(-headless) has no GStreamer; JetPack's python3-opencv does
+            return None, (
+                "this OpenCV build has no GStreamer support: install the distribution's python3-opencv "
+                "(JetPack ships one) and create the venv with --system-site-packages, or use /dev/videoN"
+            )
+        try:
+            cap = self._open(self.cfg)
+        except (cv2.error, OSError) as exc:
+            return None, f"cannot open: {exc}"
+        if cap is None or not cap.isOpened():
+            if cap is not None:
+                cap.release()
+            return None, "cannot open (device busy or gone, or unsupported format)"
+        return cap, ""
+
+    def _frame(self, image: npt.NDArray[np.uint8], index: int) -> Frame:
+        ts = time.time()
+        if self._prepare is None:
+            return Frame(image, ts, index)
+        # preprocessing here overlaps it with the model run of the previous frame (a pipeline stage)
+        t0 = time.perf_counter()
+        tensor, token = self._prepare(image)
+        return Frame(image, ts, index, tensor, (time.perf_counter() - t0) * 1e3, token)
+
+    def _read_loop(self, cap: Any) -> tuple[ReadOutcome, int]:
+        interval = 1.0 / self.cfg.fps if self.cfg.fps > 0 else 0.0
+        paced_by_model = self.kind == "file" and interval == 0.0
+        next_due = time.monotonic()
+        frames = 0
+        while not self._halt.is_set():
+            if paced_by_model:
+                while not self.slot.wait_empty(0.2):
+                    if self._halt.is_set():
+                        return "stopped", frames
+            ok, image = cap.read()
+            if not ok or image is None:
+                return ("end" if self.kind == "file" else "failed"), frames
+            index = frames if self.kind == "file" else self._counter
+            frames += 1
+            self._counter += 1
+            if interval:
+                now = time.monotonic()
+                if self.kind != "file" and now < next_due:
+                    continue  # live source faster than the target rate: skip, not a drop
+                if self.kind == "file" and now < next_due:
+                    self._halt.wait(next_due - now)
+                next_due = max(next_due + interval, time.monotonic() - interval)
+            dropped = self.slot.put(self._frame(np.asarray(image), index))
+            self.stats.count_capture(dropped)
+        return "stopped", frames

@@ -1,0 +1,74 @@
+"""Registries of pluggable parts: a type key -> its config model and its factory, filled by the part's
+own module (`@SOURCES.register("camera", CameraSourceConfig)`), read by the schema (the config union
+is built from what is registered) and by the stage that builds the parts. `factories` is a plain dict
+that tests may swap entries in."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from functools import reduce
+from operator import or_
+from typing import Annotated, Any, Generic, TypeVar
+
+from pydantic import BaseModel, Discriminator, Field, Tag
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Registry(Generic[F]):
+    """Type key -> (config model, factory) for one kind of part (sources, postprocessors, ...)."""
+
+    def __init__(self, kind: str, key_field: str, builtins: Sequence[str], default_key: str | None = None) -> None:
+        self.kind = kind
+        self.key_field = key_field  # the config key that picks the part: `type`, `mode`
+        self.default_key = default_key  # the part a section without `key_field` gets (None: the key is required)
+        self.builtins = tuple(builtins)  # modules of the built-in parts, imported when the registry is read
+        self.factories: dict[str, F] = {}
+        self.configs: dict[str, type[BaseModel]] = {}
+
+    def register(self, key: str, config: type[BaseModel]) -> Callable[[F], F]:
+        """Decorator for the part's class (or factory function)."""
+
+        def deco(factory: F) -> F:
+            self.factories[key] = factory
+            self.configs[key] = config
+            return factory
+
+        return deco
+
+    def load_builtins(self) -> None:
+        """Import the built-in parts' modules (each registers itself)."""
+        for module in self.builtins:
+            importlib.import_module(module)
+
+    def factory(self, key: str) -> F:
+        """The factory registered under `key`."""
+        if key not in self.factories:
+            self.load_builtins()
+        try:
+            return self.factories[key]
+        except KeyError:
+            raise KeyError(f"no {self.kind} registered for {self.key_field} {key!r}") from None
+
+    def config_union(self) -> Any:
+        """The pydantic type of the config key: a union of every registered config model, told apart by
+        `key_field` (a single model stands alone: a discriminator needs a union)."""
+        self.load_builtins()
+        models = list(self.configs.values())
+        if len(models) == 1:
+            return models[0]
+        if self.default_key is None:
+            return Annotated[reduce(or_, models), Field(discriminator=self.key_field)]
+        tagged = [Annotated[model, Tag(key)] for key, model in self.configs.items()]
+        return Annotated[reduce(or_, tagged), Discriminator(self._key_of)]
+
+    def _key_of(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            return value.get(self.key_field, self.default_key)
+        return getattr(value, self.key_field, self.default_key)
+
+    def keys(self) -> set[str]:
+        """Every registered type key (after the built-ins loaded)."""
+        self.load_builtins()
+        return set(self.configs)

@@ -1,0 +1,214 @@
+"""Thread-safe counters and latency windows that status, sd_notify and logs read."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+WINDOW = 512  # latency samples kept per stage
+
+
+def percentiles(values: deque[float]) -> dict[str, float]:
+    """p50/p95/p99 of a window, rounded to 0.01 ms; zeros when empty."""
+    if not values:
+        return {"p50": 0.0, "p95": 0.0, "p99": 0.0}
+    p50, p95, p99 = np.percentile(np.fromiter(values, dtype=np.float64), [50, 95, 99])
+    return {"p50": round(float(p50), 2), "p95": round(float(p95), 2), "p99": round(float(p99), 2)}
+
+
+@dataclass
+class PipelineStats:
+    """What one pipeline has done so far. Mutated by its threads under `lock`."""
+
+    name: str
+    source_uri: str
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    state: str = "starting"  # starting | building_engine | running | waiting (no data) | reconnecting | ended | failed
+    error: str | None = None
+    provider: str | None = None
+    model_name: str | None = None
+    model_sha256: str | None = None
+    model_int8: bool | None = None
+    frames_captured: int = 0
+    frames: int = 0  # frames that produced a result (published or not)
+    suppressed: int = 0  # results the `publish` filter held back (not stored, no seq)
+    dropped_frames: int = 0
+    reconnects: int = 0
+    malformed: int = 0  # input lines/records a sensor source could not read and skipped
+    # last sign of life: a result, a state change, a reconnect attempt (a live reconnect loop is progress)
+    progress_mono: float = field(default_factory=time.monotonic)
+    _stamps: deque[float] = field(default_factory=lambda: deque(maxlen=64), repr=False)
+    _lat: dict[str, deque[float]] = field(
+        default_factory=lambda: {k: deque(maxlen=WINDOW) for k in ("pre", "infer", "post", "total")},
+        repr=False,
+    )
+
+    def set_state(self, state: str, error: str | None = None) -> None:
+        """Record the source/pipeline state (and the last error, if any; "" clears it). "failed" is final."""
+        with self.lock:
+            if self.state == "failed":
+                return
+            if state != self.state:  # a change is a sign of life; a looping file saying "running" again is not
+                self.progress_mono = time.monotonic()
+            self.state = state
+            if error is not None:
+                self.error = error or None
+
+    def set_error(self, error: str | None) -> None:
+        """Show (or clear, with None) an error without changing the state."""
+        with self.lock:
+            self.error = error
+
+    def count_capture(self, dropped: int) -> None:
+        """A frame was captured; `dropped` frames were overwritten unseen before it."""
+        with self.lock:
+            self.frames_captured += 1
+            self.dropped_frames += dropped
+
+    def count_reconnect(self) -> None:
+        """The source is being reopened."""
+        with self.lock:
+            self.reconnects += 1
+            self.progress_mono = time.monotonic()
+
+    def count_malformed(self, count: int) -> None:
+        """`count` malformed input lines/records were skipped."""
+        with self.lock:
+            self.malformed += count
+
+    def record_result(self, pre_ms: float, infer_ms: float, post_ms: float) -> None:
+        """One frame went through the model."""
+        now = time.monotonic()
+        with self.lock:
+            self.frames += 1
+            self.progress_mono = now
+            self._stamps.append(now)
+            for key, value in (("pre", pre_ms), ("infer", infer_ms), ("post", post_ms)):
+                self._lat[key].append(value)
+            self._lat["total"].append(pre_ms + infer_ms + post_ms)
+
+    def touch(self) -> None:
+        """Record progress that is not a result (the model finished loading, a reload)."""
+        with self.lock:
+            self.progress_mono = time.monotonic()
+
+    def stalled(self, stall_s: float) -> bool:
+        """True when nothing happened for `stall_s` although the pipeline should be working.
+
+        An ended or failed pipeline is not stalled (status shows it); a running one that produced no
+        result, or a source that neither delivered nor retried, for `stall_s` is: a hung model run or a
+        wedged thread.
+        """
+        with self.lock:
+            if self.state in ("ended", "failed"):
+                return False
+            return time.monotonic() - self.progress_mono > stall_s
+
+    def count_suppressed(self) -> None:
+        """A result was held back by the pipeline's `publish` filter."""
+        with self.lock:
+            self.suppressed += 1
+
+    def fps(self) -> float:
+        """Results per second over the recent window (0 when idle for > 5 s)."""
+        with self.lock:
+            stamps = list(self._stamps)
+        if len(stamps) < 2 or time.monotonic() - stamps[-1] > 5.0:
+            return 0.0
+        return round((len(stamps) - 1) / max(stamps[-1] - stamps[0], 1e-9), 2)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The `pipelines[]` entry of the status JSON."""
+        fps = self.fps()
+        with self.lock:
+            lat = {k: percentiles(v) for k, v in self._lat.items()}
+            total = lat.pop("total")
+            return {
+                "name": self.name,
+                "source": self.source_uri,
+                "state": self.state,
+                "error": self.error,
+                "fps": fps,
+                "frames": self.frames,
+                "suppressed": self.suppressed,
+                "frames_captured": self.frames_captured,
+                "dropped_frames": self.dropped_frames,
+                "reconnects": self.reconnects,
+                "malformed": self.malformed,
+                "provider": self.provider,
+                "model": {"name": self.model_name, "sha256": self.model_sha256, "int8": self.model_int8},
+                "latency_ms": {**total, "stages": lat},
+            }
+
+
+@dataclass
+class MqttStats:
+    """Publisher counters; mutated by the publisher thread."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    enabled: bool = True
+    broker: str = ""
+    connected: bool = False
+    published: int = 0  # acknowledged by the broker
+    failed: int = 0  # PUBACK with a failure reason code
+    last_publish_ts: float | None = None
+    last_error: str | None = None
+    connects: int = 0
+    connected_mono: float | None = None  # when the current connection came up
+    last_ack_mono: float | None = None  # when the broker last acknowledged a result
+    _acks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=256), repr=False)
+    _e2e: dict[str, deque[float]] = field(default_factory=dict, repr=False)  # capture -> PUBACK, ms
+
+    def count_published(self, n: int, e2e: list[tuple[str, float]] | None = None) -> None:
+        """`n` results were acknowledged by the broker; `e2e`: (pipeline, capture to PUBACK in ms) of each."""
+        now = time.monotonic()
+        wall = time.time()
+        with self.lock:
+            self.published += n
+            self.last_publish_ts = wall
+            self.last_ack_mono = now
+            self._acks.append((now, n))
+            for pipeline, ms in e2e or ():
+                window = self._e2e.get(pipeline)
+                if window is None:
+                    window = self._e2e[pipeline] = deque(maxlen=WINDOW)
+                window.append(ms)
+
+    def e2e(self, pipeline: str) -> dict[str, float]:
+        """Capture-to-PUBACK latency of a pipeline's recent results: p50/p95/p99 in ms."""
+        with self.lock:
+            return percentiles(self._e2e.get(pipeline, deque()))
+
+    def ack_stalled_s(self) -> float:
+        """Seconds the current connection has gone without an acknowledgement (0 when not connected)."""
+        with self.lock:
+            if not self.connected or self.connected_mono is None:
+                return 0.0
+            since = max(self.connected_mono, self.last_ack_mono or 0.0)
+            return time.monotonic() - since
+
+    def rate(self, window_s: float = 10.0) -> float:
+        """Acknowledged results per second over the last `window_s` (call with the lock held)."""
+        since = time.monotonic() - window_s
+        return round(sum(n for t, n in self._acks if t >= since) / window_s, 2)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The `mqtt` entry of the status JSON."""
+        with self.lock:
+            return {
+                "enabled": self.enabled,
+                "broker": self.broker,
+                "connected": self.connected,
+                "published": self.published,
+                "published_per_s": self.rate(),
+                "failed": self.failed,
+                "last_publish_ts": self.last_publish_ts,
+                "last_error": self.last_error,
+                "connects": self.connects,
+                "latency_ms": percentiles(deque(v for w in self._e2e.values() for v in w)),
+            }

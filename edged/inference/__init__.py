@@ -1,1 +1,0 @@
-"""Running ONNX models: sessions and providers, preprocessing, postprocessing."""

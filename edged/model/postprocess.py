@@ -1,0 +1,177 @@
+"""Model outputs -> the `result` object of a message: `classify` (top-k with labels), `raw` or `detect`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import Field
+
+from edged.core.errors import ModelError
+from edged.core.registry import Registry
+from edged.core.settings import Strict
+from edged.model.metadata import metadata_json
+from edged.model.preprocess import Geometry
+
+LABELS_KEY = "edged.labels"
+
+
+class ClassifyConfig(Strict):
+    """Classification: softmax if the model gives logits, top-k with labels."""
+
+    type: Literal["classify"]
+    top_k: int = Field(3, ge=1, le=1000, description="How many classes to report.")
+    labels: Path | None = Field(None, description="Text file, one label per line; default: model metadata.")
+    softmax: Literal["auto", "always", "never"] = Field(
+        "auto", description="auto: apply softmax unless the outputs already sum to 1."
+    )
+
+
+class RawConfig(Strict):
+    """Raw outputs: shape, dtype and summary per output; values included up to a cap."""
+
+    type: Literal["raw"]
+    max_values: int = Field(64, ge=0, description="Include at most this many values per output.")
+
+
+class Postprocessor(Protocol):
+    """Outputs of one run (+ where the frame landed in the input, for box mapping) -> the `result` object."""
+
+    def __call__(self, outputs: list[npt.NDArray[Any]], geometry: Geometry | None = None) -> dict[str, Any]:
+        """Build the result."""
+        ...
+
+
+class PostprocessorFactory(Protocol):
+    """Builds a postprocessor for a model and checks it fits the model's outputs (ModelError if not)."""
+
+    def __call__(
+        self,
+        cfg: Any,
+        output_names: list[str],
+        output_shapes: list[list[Any]],
+        metadata: dict[str, str],
+        input_size: tuple[int, int] | None,
+    ) -> Postprocessor:
+        """The postprocessor."""
+        ...
+
+
+# type key -> (config model, factory); each postprocessor registers itself (detect lives in detect.py)
+POSTPROCESSORS: Registry[PostprocessorFactory] = Registry(
+    "postprocessor", "type", ("edged.model.postprocess", "edged.model.detect")
+)
+
+
+def load_labels(path: Path | None, metadata: dict[str, str]) -> list[str] | None:
+    """Labels from a text file (one per line), else from the model's metadata, else None."""
+    if path is not None:
+        try:
+            return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        except OSError as exc:
+            raise ModelError(f"cannot read labels file {path}: {exc.strerror}") from exc
+    raw = metadata.get(LABELS_KEY)
+    if not raw:
+        return None
+    return [str(x) for x in metadata_json(raw, LABELS_KEY, list)]
+
+
+class Classify:
+    """Top-k classes of the first output; softmax when the output is logits."""
+
+    def __init__(self, cfg: ClassifyConfig, labels: list[str] | None) -> None:
+        self.top_k = cfg.top_k
+        self.softmax = cfg.softmax
+        self.labels = labels
+
+    def __call__(self, outputs: list[npt.NDArray[Any]], geometry: Geometry | None = None) -> dict[str, Any]:  # noqa: ARG002
+        """Return {"top": [{"index", "label", "score"}, ...]} best first."""
+        scores = np.asarray(outputs[0], dtype=np.float32).reshape(-1)
+        if self.softmax == "always" or (self.softmax == "auto" and not _is_distribution(scores)):
+            exp = np.exp(scores - scores.max())
+            scores = exp / exp.sum()
+        k = min(self.top_k, scores.size)
+        idx = np.argpartition(-scores, k - 1)[:k]
+        idx = idx[np.argsort(-scores[idx])]
+        return {"top": [self._entry(int(i), float(scores[i])) for i in idx]}
+
+    def _entry(self, index: int, score: float) -> dict[str, Any]:
+        label = self.labels[index] if self.labels and index < len(self.labels) else str(index)
+        return {"index": index, "label": label, "score": round(score, 5)}
+
+
+def _is_distribution(scores: npt.NDArray[np.float32]) -> bool:
+    return bool(scores.min() >= 0.0 and scores.max() <= 1.0 and abs(float(scores.sum()) - 1.0) < 1e-3)
+
+
+class Raw:
+    """Every output: name, shape, dtype, min/max/mean, and its first `max_values` values."""
+
+    def __init__(self, cfg: RawConfig, names: list[str]) -> None:
+        self.max_values = cfg.max_values
+        self.names = names
+
+    def __call__(self, outputs: list[npt.NDArray[Any]], geometry: Geometry | None = None) -> dict[str, Any]:  # noqa: ARG002
+        """Return {"outputs": [...]} with values capped so a message stays small."""
+        items = []
+        for name, out in zip(self.names, outputs, strict=True):
+            arr = np.asarray(out)
+            flat = arr.reshape(-1)
+            numeric = flat.astype(np.float64) if flat.size and np.issubdtype(flat.dtype, np.number) else None
+            items.append(
+                {
+                    "name": name,
+                    "shape": list(arr.shape),
+                    "dtype": str(arr.dtype),
+                    "min": float(numeric.min()) if numeric is not None else None,
+                    "max": float(numeric.max()) if numeric is not None else None,
+                    "mean": float(numeric.mean()) if numeric is not None else None,
+                    "values": flat[: self.max_values].tolist(),
+                    "truncated": bool(flat.size > self.max_values),
+                }
+            )
+        return {"outputs": items}
+
+
+@POSTPROCESSORS.register("raw", RawConfig)
+def make_raw(
+    cfg: RawConfig,
+    output_names: list[str],
+    output_shapes: list[list[Any]],  # noqa: ARG001  (every factory takes the same arguments)
+    metadata: dict[str, str],  # noqa: ARG001
+    input_size: tuple[int, int] | None,  # noqa: ARG001
+) -> Postprocessor:
+    """`raw`: every output summarised."""
+    return Raw(cfg, output_names)
+
+
+@POSTPROCESSORS.register("classify", ClassifyConfig)
+def make_classify(
+    cfg: ClassifyConfig,
+    output_names: list[str],  # noqa: ARG001
+    output_shapes: list[list[Any]],
+    metadata: dict[str, str],
+    input_size: tuple[int, int] | None,  # noqa: ARG001
+) -> Postprocessor:
+    """`classify`: top-k; the labels must match the classes of the output."""
+    labels = load_labels(cfg.labels, metadata)
+    shape = output_shapes[0]
+    classes = shape[-1] if shape and isinstance(shape[-1], int) else None
+    if labels is not None and classes is not None and len(labels) != classes:
+        raise ModelError(
+            f"{len(labels)} labels for a model with {classes} classes; fix postprocess.labels or the model"
+        )
+    return Classify(cfg, labels)
+
+
+def make_postprocessor(
+    cfg: Any,
+    output_names: list[str],
+    output_shapes: list[list[Any]],
+    metadata: dict[str, str],
+    input_size: tuple[int, int] | None = None,
+) -> Postprocessor:
+    """Build the configured postprocessor (by its `type`) and check it fits the model's outputs."""
+    return POSTPROCESSORS.factory(cfg.type)(cfg, output_names, output_shapes, metadata, input_size)

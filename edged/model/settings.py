@@ -1,0 +1,97 @@
+"""The model stage's config sections: `model` (the ONNX file and how ONNX Runtime runs it) and
+`preprocess` (how a frame becomes the model input). Postprocessing sections live with their
+postprocessors (postprocess.py, detect.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from edged.core.settings import Strict
+
+DEFAULT_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+class ModelConfig(Strict):
+    """The ONNX model and how ONNX Runtime runs it."""
+
+    path: Path = Field(description="The .onnx file (relative paths are relative to the config file).")
+    providers: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_PROVIDERS),
+        min_length=1,
+        description="Execution providers in order of preference; intersected with what the runtime offers.",
+    )
+    require_provider: bool = Field(
+        False, description="Fail at startup instead of warning when the first provider is not used."
+    )
+    threads: int = Field(
+        0, ge=0, description="intra_op threads per model run; 0 = auto (see concurrency and the README)."
+    )
+    concurrency: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="Frames run through the model at once, by threads sharing the one session; 0 = auto: "
+        "on the CPU provider one run per core (max 4) with one thread each, on a GPU provider 1.",
+    )
+    inter_op_threads: int = Field(0, ge=0, description="inter_op threads; 0 lets ONNX Runtime decide.")
+    warmup_runs: int = Field(2, ge=0, description="Runs on a blank input before the pipeline is ready.")
+    cuda_device_id: int = Field(0, ge=0, description="GPU index for CUDA and TensorRT.")
+    trt_engine_cache_dir: Path | None = Field(None, description="TensorRT engine cache; default <state_dir>/trt-cache.")
+    trt_fp16: bool = Field(True, description="Let TensorRT use fp16 kernels.")
+    trt_int8: bool = Field(True, description="Let TensorRT use int8 kernels (QDQ models).")
+    sha256: str | None = Field(
+        None, pattern=r"^[0-9a-fA-F]{64}$", description="Pin: refuse a model file with another sha256."
+    )
+    provider_options: dict[str, dict[str, str | int | float | bool]] = Field(
+        default_factory=dict, description="Extra options per provider, passed through as given."
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _model_exists(cls, value: Path, info: ValidationInfo) -> Path:
+        base = (info.context or {}).get("base_dir")
+        path = value.expanduser()
+        if not path.is_absolute() and base is not None:
+            path = Path(base) / path
+        if not path.exists():
+            raise ValueError(f"model file not found: {path}; check model.path")
+        if not path.is_file():
+            raise ValueError(f"model path is not a file: {path}")
+        return path
+
+    @field_validator("providers")
+    @classmethod
+    def _known_providers(cls, value: list[str]) -> list[str]:
+        known = _known_provider_names()
+        for name in value:
+            if name not in known:
+                close = [k for k in known if k.lower().startswith(name.lower()[:4])]
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise ValueError(f"unknown execution provider {name!r}{hint}; known: {', '.join(sorted(known))}")
+        return value
+
+
+class PreprocessConfig(Strict):
+    """How a frame becomes the model's input tensor. Omitted keys come from the model's metadata."""
+
+    size: tuple[int, int] | None = Field(None, description="[width, height] of the model input.")
+    resize: Literal["stretch", "letterbox"] | None = Field(None, description="How to fit the frame.")
+    interpolation: Literal["nearest", "linear", "area", "cubic"] | None = Field(
+        None, description="Resampling used to resize (default linear, OpenCV's default)."
+    )
+    color: Literal["rgb", "bgr", "gray"] | None = Field(None, description="Channel order fed to the model.")
+    layout: Literal["nchw", "nhwc"] | None = Field(None, description="Tensor layout.")
+    dtype: Literal["float32", "float16", "uint8", "int8"] | None = Field(None, description="Tensor dtype.")
+    scale: float | None = Field(None, description="Multiply pixel values (0..255) by this first.")
+    mean: list[float] | None = Field(None, description="Subtract per channel after scaling.")
+    std: list[float] | None = Field(None, description="Divide per channel after subtracting the mean.")
+    pad_value: int | None = Field(None, ge=0, le=255, description="Letterbox border colour (grey level).")
+
+
+def _known_provider_names() -> set[str]:
+    import onnxruntime as ort  # noqa: PLC0415  (heavy; only when a config is validated)
+
+    return set(ort.get_all_providers())

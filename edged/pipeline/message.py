@@ -1,0 +1,45 @@
+"""The result message (DESIGN.md contract, version MESSAGE_VERSION) one published result becomes."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from edged import MESSAGE_VERSION
+from edged.capture.base import Frame
+from edged.model.session import LoadedModel
+
+
+class Timings(NamedTuple):
+    """Milliseconds spent on one frame: preprocessing, the model run, postprocessing."""
+
+    pre_ms: float
+    infer_ms: float
+    post_ms: float
+
+
+def result_message(  # noqa: PLR0917  (the message's parts)
+    device_id: str,
+    pipeline: str,
+    seq: int,
+    frame: Frame,
+    model: LoadedModel,
+    timings: Timings,
+    result: dict[str, Any],
+) -> dict[str, Any]:
+    """`{"v", "device", "pipeline", "seq", "ts", "frame", "model", "provider", "latency_ms", "result"}`."""
+    return {
+        "v": MESSAGE_VERSION,
+        "device": device_id,
+        "pipeline": pipeline,
+        "seq": seq,
+        "ts": round(frame.ts, 3),
+        "frame": frame.index,
+        "model": {"name": model.name, "sha256": model.sha256},
+        "provider": model.provider,
+        "latency_ms": {
+            "pre": round(timings.pre_ms, 3),
+            "infer": round(timings.infer_ms, 3),
+            "post": round(timings.post_ms, 3),
+        },
+        "result": result,
+    }

@@ -1,0 +1,143 @@
+"""A pipeline's model: the session with the pre/postprocessing that fits it (config over metadata),
+checked and warmed up; the reference the workers and the source read, swapped between two frames."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy.typing as npt
+
+from edged.capture.sensor import SensorSourceConfig
+from edged.core.errors import EdgedError
+from edged.core.stats import PipelineStats
+from edged.model import engines
+from edged.model.postprocess import Postprocessor, make_postprocessor
+from edged.model.preprocess import Preprocessor, PreprocessSpec
+from edged.model.session import LoadedModel, load_model, load_problem, warm_up
+from edged.model.window import WindowSpec, WindowTransform
+from edged.pipeline.settings import PipelineConfig
+
+log = logging.getLogger(__name__)
+
+Notice = engines.Notice
+
+
+@dataclass
+class Model:
+    """A loaded, checked, warmed-up model with the pre/postprocessing that fits it."""
+
+    loaded: LoadedModel
+    pre: Preprocessor | WindowTransform  # image preprocessing, or a sensor source's window -> tensor
+    post: Postprocessor
+
+
+class ModelRef:
+    """The pipeline's current model, swapped atomically between two frames (a reference assignment).
+
+    It is also the source's Preparer (edged/capture/base.py): the source thread prepares the model
+    input with the current model and gets back which preparation it used.
+    """
+
+    def __init__(self, model: Model) -> None:
+        self.current = model
+
+    @property
+    def spec(self) -> Any:
+        """The current model's preparation recipe."""
+        return self.current.pre.spec
+
+    def __call__(self, data: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], object]:
+        """(model input, the recipe used), with the current model."""
+        pre = self.current.pre
+        return pre(data), pre.spec
+
+    def swap(self, model: Model) -> Model:
+        """Make `model` current; returns the previous one."""
+        old, self.current = self.current, model
+        return old
+
+
+def prepare_model(cfg: PipelineConfig, state_dir: Path, cores: int | None = None) -> Model:
+    """Load the session, resolve pre/postprocessing (config over metadata), check shapes, warm up.
+
+    A sensor pipeline gets a WindowTransform (edged/model/window.py) instead of image preprocessing:
+    its window (channels x samples) is checked against the model input the same way.
+    `cores`: the CPU cores this pipeline may use (the daemon shares them between CPU pipelines).
+    """
+    loaded = load_model(cfg.model, state_dir, cores=cores)
+    pre, tensor_shape, input_size = _preparation(cfg, loaded)
+    post = _postprocessor(cfg, loaded, input_size)
+    warm_up(loaded, tensor_shape, cfg.model.warmup_runs)
+    return Model(loaded, pre, post)
+
+
+def _preparation(
+    cfg: PipelineConfig, loaded: LoadedModel
+) -> tuple[Preprocessor | WindowTransform, tuple[int, ...], tuple[int, int] | None]:
+    """(the preparation, the tensor shape it makes, the image input size or None for a sensor)."""
+    if isinstance(cfg.source, SensorSourceConfig):
+        window = WindowSpec.resolve(
+            cfg.source.window_settings(), loaded.metadata, loaded.input_shape, loaded.input_type
+        )
+        return WindowTransform(window), window.tensor_shape, None
+    spec = PreprocessSpec.resolve(cfg.preprocess, loaded.metadata, loaded.input_shape, loaded.input_type)
+    return Preprocessor(spec), spec.tensor_shape, spec.size
+
+
+def _postprocessor(cfg: PipelineConfig, loaded: LoadedModel, input_size: tuple[int, int] | None) -> Postprocessor:
+    shapes = [list(o.shape) for o in loaded.session.get_outputs()]
+    return make_postprocessor(cfg.postprocess, loaded.output_names, shapes, loaded.metadata, input_size)
+
+
+def check_pipeline_model(cfg: PipelineConfig, state_dir: Path) -> tuple[str, str] | None:
+    """What `prepare_model` would refuse for this pipeline as (the config key at fault, why), or None:
+    the same checks on the CPU provider, one core, no warm-up (for `check-config`: no GPU engine is
+    built, no device opened). The key is `model.path`, `preprocess` (`source` for a sensor's window) or
+    `postprocess` (labels against the head, a forced head format that does not fit)."""
+    model = cfg.model.model_copy(
+        update={"providers": ["CPUExecutionProvider"], "require_provider": False, "warmup_runs": 0}
+    )
+    try:
+        loaded = load_model(model, state_dir, cores=1)
+    except EdgedError as exc:
+        unloadable = load_problem(model.path)
+        return "model.path", f"ONNX Runtime cannot load it: {unloadable}" if unloadable else str(exc)
+    try:
+        _, _, input_size = _preparation(cfg, loaded)
+    except EdgedError as exc:
+        return ("source" if isinstance(cfg.source, SensorSourceConfig) else "preprocess"), str(exc)
+    try:
+        _postprocessor(cfg, loaded, input_size)
+    except EdgedError as exc:
+        return "postprocess", str(exc)
+    return None
+
+
+def load_pipeline_model(
+    cfg: PipelineConfig,
+    state_dir: Path,
+    *,
+    cores: int | None = None,
+    on_building: Notice | None = None,
+    notify: Notice | None = None,
+) -> Model:
+    """`prepare_model`, announcing a TensorRT build first (`on_building` gets the status line)."""
+    path = engines.pending_build(cfg.model, state_dir)
+    if path is None:
+        return prepare_model(cfg, state_dir, cores)
+    if on_building is not None:
+        on_building(f"building TensorRT engine for pipeline {cfg.name}")
+    with engines.build_progress(cfg.name, path, notify):
+        return prepare_model(cfg, state_dir, cores)
+
+
+def describe_model(stats: PipelineStats, model: Model) -> None:
+    """Show the model (name, sha256, provider) in the pipeline's status."""
+    with stats.lock:
+        stats.provider = model.loaded.provider
+        stats.model_name = model.loaded.name
+        stats.model_sha256 = model.loaded.sha256
+        stats.model_int8 = model.loaded.int8

@@ -1,0 +1,32 @@
+"""The store's config section: `spool`, the durable queue under state_dir."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from edged.core.settings import Duration, Size, Strict
+
+
+class SpoolConfig(Strict):
+    """The durable queue (SQLite, WAL) under state_dir."""
+
+    sync: Literal["normal", "full"] = Field(
+        "normal", description="normal: survives a crash; full: fsync per commit, survives a power cut."
+    )
+    batch_max: int = Field(
+        128, ge=1, le=10000, description="Commit once this many unacknowledged results wait in memory ..."
+    )
+    batch_ms: int = Field(
+        1000,
+        ge=0,
+        le=60000,
+        description="... or once the oldest has waited this many milliseconds, first wins. A result the broker "
+        "acknowledged before then is never written; kill -9 loses at most this window of unacknowledged results.",
+    )
+    max_bytes: Size = Field(256 * 2**20, description="Stored payload bytes at most (never more than the disk holds).")
+    max_age: Duration = Field(7 * 86400.0, description="TTL, e.g. 7d: older results are dropped (counted).")
+    on_full: Literal["drop_oldest", "drop_newest"] = Field("drop_oldest", description="What gives way when full.")
+    min_free_bytes: Size = Field(64 * 2**20, description="Free space the spool leaves on the filesystem.")
+    ballast_bytes: Size = Field(16 * 2**20, description="Ballast released on a full disk so SQLite can evict.")

@@ -1,0 +1,520 @@
+"""The durable queue: SQLite in WAL mode, with results published from memory while their commit is due.
+
+A result appended here is at once visible to the publisher (`fetch` returns pending rows from memory and
+committed rows from the database, one id-ordered stream) and waits for its commit. The writer thread
+commits a result only when it is still unacknowledged after `batch_ms` (or `batch_max` of them wait):
+with the broker up and keeping up, results are acknowledged within milliseconds and never written, so a
+healthy online device writes next to nothing; while the broker is down or slow every result is durable
+within the commit window, as before.
+
+The parts, each in its own module:
+- `outbox.Outbox`: where every result stands (pending, acknowledged, refused, dead); the one owner of
+  acknowledgement state;
+- `seqlease.SeqAllocator`: `seq` numbers leased ahead in an fsync'd file, never reused after kill -9 or a
+  torn WAL;
+- `spoolspace.SpaceGuard`: the capacity (`max_bytes`, lowered to what the disk has room for) and the ballast;
+- `spooldb`: every SQL statement.
+
+Policies (all counted by reason, nothing disappears silently): `max_bytes` with `on_full`
+(`drop_oldest` evicts the oldest rows, `drop_newest` refuses new ones); `max_age_s` (TTL) on the spool
+clock: monotonic time accumulated while edged runs, persisted; it never runs backwards, so a wall-clock
+jump never expires results early (the capture time `ts` is for reporting only).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edged.core.errors import SpoolError
+from edged.core.threads import Supervised
+from edged.store import spooldb
+from edged.store.diskspace import Ballast, free_bytes
+from edged.store.outbox import Batch, Outbox
+from edged.store.seqlease import SeqAllocator, SeqGap
+from edged.store.settings import SpoolConfig
+from edged.store.spooldb import Row
+from edged.store.spoolspace import SpaceGuard
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Row", "Spool", "SpoolConfig"]
+
+CHECK_INLINE_BYTES = 64 * 2**20  # files up to this size are checked before start (about a second on a Pi)
+RECLAIM_MIN_BYTES = 8 * 2**20  # freelist bytes above which a commit gives pages back to the filesystem
+RECLAIM_PAGES = 2048  # pages one commit gives back at most
+GAPS_KEPT = 20
+QUEUE_MAX = 1024  # unacknowledged results waiting in memory at most; append() blocks beyond (a slow disk)
+
+
+@dataclass
+class _Counters:
+    depth: int = 0
+    bytes: int = 0
+    dead_letters: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    def count(self, reason: str, rows: int) -> None:
+        if rows:
+            self.dropped[reason] = self.dropped.get(reason, 0) + rows
+
+    def drop(self, reason: str, rows: int, size: int) -> None:
+        """Stored rows deleted by a policy."""
+        self.count(reason, rows)
+        self.depth -= rows
+        self.bytes -= size
+
+
+def _floor_path(path: Path) -> Path:
+    return path.with_name(path.name + ".seqfloor")
+
+
+def _was_clean(path: Path) -> bool:
+    try:
+        return bool(json.loads(_floor_path(path).read_text(encoding="utf-8")).get("clean"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+class Spool:
+    """Durable FIFO of results. Thread-safe: producers `append`, the publisher `fetch`es, `ack`s, `refuse`s."""
+
+    def __init__(
+        self,
+        path: Path,
+        cfg: SpoolConfig | None = None,
+        *,
+        dead_letter_after: int = 5,
+    ) -> None:
+        self.path = path
+        self.cfg = cfg = cfg or SpoolConfig()
+        self.sync = cfg.sync
+        self.batch_max = cfg.batch_max
+        self.batch_s = cfg.batch_ms / 1000.0
+        self.dead_letter_after = dead_letter_after  # mqtt.dead_letter_after: refusals before a row is set aside
+        self._cond = threading.Condition()
+        self._forced = 0  # flush() calls waiting
+        self._closing = False
+        self._writing = False
+        self._due_since: float | None = None  # deletes / refusals wait for a commit since then
+        self._meta_dirty = False
+        self._commits = 0
+        self._changes = 0
+        self._listeners: list[Callable[[], None]] = []
+        self.writer: Supervised | None = None
+        self._checker: Supervised | None = None
+        self._write_error: str | None = None
+        self._wconn, self.recovered_from, state, self.checking = self._open(path, self.sync)
+        self._check_conn: sqlite3.Connection | None = None
+        self.damage: str | None = None  # what the background integrity check found
+        self._rconn = spooldb.connect(path, self.sync)
+        self._rlock = threading.Lock()
+        self.space = SpaceGuard(path, cfg)
+        self._n = _Counters(state["depth"], state["bytes"], state["dead_letters"], state["dropped"])
+        committed: dict[str, int] = state["seqs"]
+        if self.recovered_from is not None:
+            self._count_quarantined(self.recovered_from, committed)
+        self.seqs = SeqAllocator(_floor_path(path), committed)
+        self._gaps: list[dict[str, Any]] = state["gaps"]
+        self._note_gaps(self.seqs.gaps)
+        self.outbox = Outbox(state["next_id"], dead_letter_after)
+        self._clock_base = float(state["clock"])
+        self._mono0 = time.monotonic()
+        if self._n.depth:
+            log.info("spool %s holds %d results from before (%d bytes)", path, self._n.depth, self._n.bytes)
+
+    @staticmethod
+    def _open(path: Path, sync: str) -> tuple[sqlite3.Connection, Path | None, dict[str, Any], bool]:
+        """Open with the integrity check before anything is read, unless the file is large and was closed
+        cleanly: then it is checked in the background while results flow (a million rows take seconds)."""
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = 0
+        inline = size <= CHECK_INLINE_BYTES or not _was_clean(path)
+        conn, moved = spooldb.open_checked(path, sync, check=inline)
+        try:
+            return conn, moved, spooldb.load_state(conn), not inline
+        except (sqlite3.DatabaseError, TypeError, ValueError) as exc:
+            if inline:
+                raise SpoolError(f"cannot read spool {path}: {exc}") from exc
+            conn.close()  # unreadable after all: the full check decides
+            conn, moved = spooldb.open_checked(path, sync, check=True)
+            return conn, moved, spooldb.load_state(conn), False
+
+    def _background_check(self) -> None:
+        """quick_check on its own connection while the daemon runs; damage is reported, and the next start
+        checks before it opens (the seq lease is left unclean) and moves the file aside."""
+        started = time.monotonic()
+        try:
+            conn = spooldb.connect(self.path, self.sync)
+            self._check_conn = conn
+            try:
+                problem = spooldb.integrity_problem(conn)
+            finally:
+                self._check_conn = None
+                conn.close()
+        except sqlite3.Error as exc:
+            if self._closing:
+                return
+            problem = str(exc)
+        if problem is None:
+            log.info("spool: integrity check passed (%.1f s, in the background)", time.monotonic() - started)
+            return
+        self.damage = f"spool damaged ({problem}); restart edged to move it aside"
+        self.seqs.keep_unclean()
+        log.critical("SPOOL DAMAGED: %s failed its integrity check: %s", self.path, problem)
+
+    @property
+    def ballast(self) -> Ballast:
+        """The ballast file next to the spool (see diskspace.py)."""
+        return self.space.ballast
+
+    def _count_quarantined(self, damaged: Path, committed: dict[str, int]) -> None:
+        """After a recovery: seqs continue past the damaged file's, its unsent rows and counters are counted."""
+        seqs, unsent, dropped = spooldb.salvage(damaged)
+        for p, top in seqs.items():
+            committed[p] = max(committed.get(p, 0), top)
+        for reason, n in dropped.items():
+            self._n.count(reason, n)
+        self._n.count("quarantined", unsent)
+        self._meta_dirty = True
+        log.warning(
+            "spool: %d unsent result(s) stay in %s (counted as dropped: quarantined); seq continues from %s",
+            unsent, damaged, committed or "1",
+        )  # fmt: skip
+
+    def _note_gaps(self, gaps: list[SeqGap]) -> None:
+        for gap in gaps:
+            self._gaps.append({"pipeline": gap.pipeline, "first": gap.first, "last": gap.last, "ts": time.time()})
+            self._n.count("unclean_stop", gap.size)
+        del self._gaps[:-GAPS_KEPT]
+        if gaps:
+            self._meta_dirty = True
+
+    def clock(self) -> float:
+        """The spool clock: seconds edged has been running, accumulated across restarts."""
+        return self._clock_base + (time.monotonic() - self._mono0)
+
+    def on_change(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (cheap, non-blocking) whenever there is something new to fetch."""
+        self._listeners.append(callback)
+
+    def _notify(self) -> None:
+        for callback in self._listeners:
+            callback()
+
+    # -- producers -------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the writer thread."""
+        self.writer = Supervised("edged-spool-writer", target=self._write_loop)
+        self.writer.start()
+        if self.checking:
+            self._checker = Supervised("edged-spool-check", target=self._background_check)
+            self._checker.start()
+
+    def next_seq(self, pipeline: str) -> int:
+        """The next sequence number of a pipeline (1, 2, ...; continues after a restart, never reused)."""
+        return self.seqs.next(pipeline)
+
+    def append(self, pipeline: str, seq: int, ts: float, topic: str, payload: bytes) -> None:
+        """Hand a result over: the publisher can send it now; it is committed unless acknowledged first.
+
+        Blocks while QUEUE_MAX results wait in memory (the writer cannot keep up: a slow disk)."""
+        with self._cond:
+            while self.outbox.unacked_pending() >= QUEUE_MAX and not self._closing:
+                self._cond.wait(0.5)
+            if self._closing:
+                raise SpoolError("spool is closed")
+            row = Row(self.outbox.take_id(), pipeline, seq, ts, self.clock(), topic, payload)
+            self.outbox.add(row)
+            self._changes += 1
+            if len(self.outbox.pending) == 1 or len(self.outbox.pending) >= self.batch_max:
+                self._cond.notify_all()  # the writer starts its timer, or the batch is full
+        self._notify()
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until everything appended (and acknowledged) so far is committed. True when it was."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._forced += 1  # everything is due now, whatever batch_ms says
+            self._cond.notify_all()
+            try:
+                while self._busy() and (left := deadline - time.monotonic()) > 0:
+                    self._cond.wait(left)
+                return not self._busy()
+            finally:
+                self._forced -= 1
+
+    def _busy(self) -> bool:
+        return bool(self.outbox.pending or self.outbox.has_due() or self._writing or self._meta_dirty)
+
+    # -- publisher -------------------------------------------------------------------------------------
+
+    def fetch(self, after_id: int, limit: int) -> list[Row]:
+        """Rows with id > after_id, oldest first: committed ones from the database, then pending ones from
+        memory; acknowledged and dead rows are skipped."""
+        with self._cond:
+            live = self.outbox.live_after(after_id, limit)
+            on_disk = after_id < self.outbox.committed_max
+            skip = self.outbox.skip_after(after_id) if on_disk else set()
+        if not on_disk:
+            return live
+        with self._rlock:
+            rows = spooldb.fetch(self._rconn, after_id, limit + len(skip))
+        if skip:
+            rows = [r for r in rows if r.id not in skip]
+        with self._cond:
+            self.outbox.note_tries(rows)
+        if live:
+            seen = {r.id for r in rows}
+            rows += [r for r in live if r.id not in seen]
+        return rows[:limit]
+
+    def changes(self) -> int:
+        """A counter that moves whenever `fetch` may return something new."""
+        with self._cond:
+            return self._changes
+
+    def ack(self, row_ids: list[int]) -> None:
+        """The broker acknowledged these rows: a pending one is never written, a committed one is deleted."""
+        with self._cond:
+            self.outbox.ack(row_ids)
+            self._due_soon()
+
+    def refuse(self, row_id: int, reason: str, *, final: bool = False) -> bool:
+        """The broker refused this row (counted now); after `dead_letter_after` refusals, or at once when
+        `final` (it can never be sent), it is a dead letter: never sent again, moved to dead_letters in the
+        next commit. True when it became one."""
+        with self._cond:
+            dead = self.outbox.refuse(row_id, reason, final=final)
+            self._changes += 1
+            self._due_soon()
+        if dead:
+            log.error(
+                "spool: a result refused %d times is set aside as a dead letter: %s",
+                self.dead_letter_after, reason,
+            )  # fmt: skip
+        return dead
+
+    def _due_soon(self) -> None:
+        # wake the writer only to start its timer; waking it on every ack costs a thread switch each
+        if self._due_since is None and self.outbox.has_due():
+            self._due_since = time.monotonic()
+            self._cond.notify_all()
+
+    def ttl_offset(self) -> float:
+        """`max_age` minus the spool clock now: a row has `row.clock + ttl_offset()` seconds left to live
+        (MQTT 5 message expiry). One call serves a whole fetch: the publisher adds it to each row's clock."""
+        return self.cfg.max_age - self.clock()
+
+    def wait_for_commit(self, after: int, timeout: float) -> int:
+        """Block until a commit newer than `after` happened (or timeout); return the commit counter."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._commits <= after and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+            return self._commits
+
+    # -- status ----------------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """The `spool` entry of the status JSON."""
+        with self._rlock:
+            row = self._rconn.execute("SELECT ts FROM results ORDER BY id LIMIT 1").fetchone()
+        with self._cond:
+            n, box = self._n, self.outbox
+            oldest_ts = float(row[0]) if row else None
+            first = box.oldest_pending()
+            if oldest_ts is None and first is not None:
+                oldest_ts = first.ts
+            snapshot = {
+                "depth": self._depth(),
+                "bytes": n.bytes,
+                "oldest_age_s": round(max(0.0, time.time() - oldest_ts), 1) if oldest_ts is not None else 0.0,
+                "dropped": sum(n.dropped.values()),
+                "dropped_by_reason": dict(n.dropped),
+                "dead_letters": n.dead_letters,
+                "uncommitted": box.unacked_pending(),
+                "acked_before_commit": box.acked_pending,
+                "max_bytes": self.space.cap,
+                "error": self.damage or self._write_error or self.seqs.error,
+                "space_warning": self.space.warning,
+                "seq_gaps": list(self._gaps),
+            }
+        try:
+            disk_free = free_bytes(self.path.parent)
+        except OSError:
+            disk_free = None
+        snapshot |= {
+            "disk_free_bytes": disk_free,
+            "path": str(self.path),
+            "recovered_from": str(self.recovered_from) if self.recovered_from else None,
+        }
+        return snapshot
+
+    def _depth(self) -> int:
+        return self._n.depth - len(self.outbox.acked) + self.outbox.unacked_pending()
+
+    @property
+    def depth(self) -> int:
+        """Results not acknowledged yet: committed and pending (the real backlog)."""
+        with self._cond:
+            return self._depth()
+
+    # -- writer ----------------------------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closing and (wait := self._wait_s()) != 0.0:
+                    self._cond.wait(wait)
+                keep = set(self.outbox.acked)
+                batch = self.outbox.take_batch(self.batch_max)
+                meta, self._meta_dirty = self._meta_dirty, False
+                self._due_since = time.monotonic() if self.outbox.has_due() else None
+                self._writing = bool(batch) or meta
+                done = self._closing and not self._writing
+            if self._writing:
+                self._commit(batch, keep)
+            if done:
+                return
+
+    def _wait_s(self) -> float | None:
+        """0 when a commit is due now, else how long until one will be (None: nothing waits)."""
+        box = self.outbox
+        if self._meta_dirty or (self._forced and self._busy()) or box.unacked_pending() >= self.batch_max:
+            return 0.0
+        waits = []
+        first = box.oldest_pending()
+        if first is not None:
+            waits.append(first.clock + self.batch_s - self.clock())
+        if self._due_since is not None:
+            waits.append(self._due_since + self.batch_s - time.monotonic())
+        if not waits:
+            return None
+        return max(0.0, min(waits))
+
+    def _commit(self, batch: Batch, keep: set[int]) -> None:
+        delay = 0.1
+        while True:
+            try:
+                n = self._transaction(batch, keep)
+                break
+            except sqlite3.Error as exc:
+                if self._wconn.in_transaction:
+                    self._wconn.execute("ROLLBACK")
+                self._note_write_error(exc)
+                if spooldb.is_disk_full(exc):
+                    self.space.on_disk_full()
+                # keep the batch in memory and retry: nothing is dropped here
+                if self._closing and delay > 2.0:
+                    log.exception("spool: giving up on %d uncommitted results at shutdown", len(batch.rows))
+                    n = self._n
+                    break
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        with self._cond:
+            self._n = n
+            self.outbox.committed(batch)
+            self._writing = False
+            self._commits += 1
+            self._changes += 1
+            self._cond.notify_all()
+
+    def _transaction(self, batch: Batch, keep: set[int]) -> _Counters:
+        conn, clock = self._wconn, self.clock()
+        n = _Counters(self._n.depth, self._n.bytes, self._n.dead_letters, dict(self._n.dropped))
+        conn.execute("BEGIN IMMEDIATE")
+        rows, size = spooldb.delete_ids(conn, batch.acks)
+        n.depth, n.bytes = n.depth - rows, n.bytes - size
+        spooldb.save_tries(conn, batch.tries)
+        if batch.dead:
+            moved = spooldb.move_to_dead_letters(conn, batch.dead, self.dead_letter_after)
+            rows, size = spooldb.delete_ids(conn, moved)
+            n.depth, n.bytes, n.dead_letters = n.depth - rows, n.bytes - size, n.dead_letters + rows
+        if batch.dead_rows:
+            spooldb.insert_dead(conn, batch.dead_rows)
+            n.dead_letters += len(batch.dead_rows)
+        expired, size = spooldb.expire(conn, clock - self.cfg.max_age, keep)
+        n.drop("expired", len(expired), size)
+        admitted = self._make_room(conn, batch.rows, n, keep)
+        spooldb.insert(conn, admitted)
+        n.depth += len(admitted)
+        n.bytes += sum(len(r.payload) for r in admitted)
+        spooldb.save_seqs(conn, self.seqs.last())  # dropped and acknowledged results' seqs too
+        counts = [n.depth, n.bytes, n.dead_letters]
+        spooldb.save_meta(conn, {"clock": clock, "dropped": n.dropped, "counts": counts, "seq_gaps": self._gaps})
+        self._maybe_reclaim(conn, n.bytes)
+        conn.execute("COMMIT")
+        with self._cond:
+            self._write_error = None
+        self.seqs.retry()
+        return n
+
+    def _make_room(self, conn: sqlite3.Connection, batch: list[Row], n: _Counters, keep: set[int]) -> list[Row]:
+        """Apply max_bytes (and the disk's own limit) to the batch with the on_full policy."""
+        _, reusable = spooldb.space(conn)
+        cap = self.space.capacity(n.bytes, reusable)
+        incoming = sum(len(r.payload) for r in batch)
+        if n.bytes + incoming <= cap:
+            return batch
+        if self.cfg.on_full == "drop_oldest":
+            ids, size = spooldb.evict_oldest(conn, n.bytes + incoming - cap, keep)
+            n.drop("full_evicted_oldest", len(ids), size)
+            admitted = list(batch)
+            while admitted and n.bytes + sum(len(r.payload) for r in admitted) > cap:
+                admitted.pop(0)  # the batch alone is over the cap: its oldest go too
+                n.count("full_evicted_oldest", 1)
+            return admitted
+        admitted, room = [], cap - n.bytes
+        for r in batch:
+            if len(r.payload) <= room:
+                admitted.append(r)
+                room -= len(r.payload)
+            else:
+                n.count("full_rejected_newest", 1)
+        return admitted
+
+    def _maybe_reclaim(self, conn: sqlite3.Connection, stored: int) -> None:
+        """After a backlog drained, give the file's free pages back to the filesystem (a little per commit).
+
+        Only once the free pages outweigh what the file still holds: while a large backlog expires or
+        drains, new rows reuse the pages old ones freed, and moving pages to shrink the file would cost
+        writes (flash wear, and at a 1,000,000-row TTL the writer's time) for nothing."""
+        _, reusable = spooldb.space(conn)
+        if reusable >= RECLAIM_MIN_BYTES and reusable > stored:
+            spooldb.reclaim(conn, RECLAIM_PAGES)
+
+    def _note_write_error(self, exc: sqlite3.Error) -> None:
+        msg = f"spool write failed: {exc} (disk full or read-only?); retrying, results are kept in memory"
+        with self._cond:
+            first = self._write_error is None
+            self._write_error = str(exc)
+        if first:
+            log.error("%s", msg)
+
+    def close(self) -> None:
+        """Commit everything queued, stop the writer, close the database; a clean stop for the seq lease."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self.writer is not None:
+            self.writer.join(timeout=30)
+        check = self._check_conn
+        if check is not None:
+            check.interrupt()  # a background check stops at once (it runs again next start if needed)
+        if self._checker is not None:
+            self._checker.join(timeout=5)
+        with self._rlock:
+            self._rconn.close()
+        self._wconn.close()
+        self.seqs.close()

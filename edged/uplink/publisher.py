@@ -1,0 +1,378 @@
+"""The publisher: sends spooled results to an MQTT broker, oldest first; rows leave the spool on PUBACK only.
+
+Two threads per connection, the way paho is made to be used: paho's own network thread (`loop_start`)
+does the socket I/O and runs the callbacks, which only record events in the in-flight window
+(`inflight.InFlight`) and wake the `edged-mqtt` thread; that thread makes every call into paho
+(connect, publish, disconnect) and hands acknowledgements to the spool. It sleeps until something
+happens: a new result (the spool wakes it), an ack, a disconnect, or a timer it set itself (a retry, the
+stats message): an idle daemon does not poll.
+
+A result is published as soon as it leaves the model, from memory, while its commit is still due (see
+spool.py): capture to broker takes milliseconds. Each connection uses a fresh paho client, so paho's
+in-memory queue never acts as a buffer: after a reconnect everything not yet acknowledged is sent again
+from the spool (same `seq`; subscribers drop duplicates).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import paho.mqtt.client as paho
+
+from edged.core.backoff import Backoff
+from edged.core.osthread import name_os_thread
+from edged.core.secrets import check_private, read_credential, read_secret
+from edged.core.stats import MqttStats
+from edged.core.threads import Supervised
+from edged.store.spool import Row, Spool
+from edged.uplink.inflight import InFlight, Message
+from edged.uplink.mqttclient import (
+    CONNECT_TIMEOUT_S,
+    ExpiryProperties,
+    PackedProperties,
+    RateLimit,
+    new_client,
+    topic_for,
+)
+from edged.uplink.settings import MqttConfig
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PackedProperties", "Publisher", "topic_for"]
+
+# results handed to paho at a time (all still in the spool until acknowledged): with the default window of
+# 32, paho holds 16 windows' worth queued, so its network thread keeps the broker busy on its own; draining a
+# backlog with 128 at a time ran at 0.6x a bare paho loop, with 512 at 0.85x (benchmarks/store_forward.py)
+HANDOFF_RESULTS = 512
+STEADY_S = 60.0  # a connection up this long counts as healthy even if it carried nothing (backoff reset)
+StatsSource = Callable[[], dict[str, Any]]
+
+
+@dataclass
+class _Conn:
+    """State of one broker connection (one paho client)."""
+
+    client: paho.Client
+    connected: bool = False
+    closed: bool = False
+    refused: str | None = None
+    looping: bool = False  # paho's network thread was started
+    since: float = 0.0
+    blamed: bool = False  # it dropped over a message (refused, counted): reconnect without escalating
+
+
+class Publisher(Supervised):
+    """Publishes spooled rows with a bounded number in flight; reconnects with backoff and jitter."""
+
+    def __init__(
+        self, cfg: MqttConfig, device_id: str, spool: Spool, stats: MqttStats, stats_source: StatsSource | None = None
+    ) -> None:
+        super().__init__("edged-mqtt")
+        self.cfg = cfg
+        self.device_id = device_id
+        self.spool = spool
+        self.stats = stats
+        self.stats_source = stats_source
+        self.client_id = cfg.client_id or f"edged-{device_id}"
+        self.availability_topic = topic_for(cfg.availability_topic, device_id)
+        self.stats_topic = topic_for(cfg.stats_topic, device_id)
+        self._password = self._load_password()  # at start-up: a bad secret file stops edged early
+        if cfg.tls is not None and cfg.tls.key_file is not None:
+            check_private(cfg.tls.key_file, "TLS key file")
+        if cfg.tls is not None and cfg.tls.insecure:
+            log.warning("mqtt: tls.insecure is set: the broker's host name is NOT checked")
+        self._halt = threading.Event()
+        self._wake = threading.Event()  # set by paho's thread (acks, connect, disconnect) and the spool
+        self._drain_deadline: float | None = None
+        self.window = InFlight(cfg.protocol, cfg.max_inflight)
+        self._cursor = 0
+        self._seen_changes = -1
+        self._retry_at: float | None = None  # refused rows are sent again from then on
+        self._next_stats = 0.0
+        self._props = ExpiryProperties(cfg)
+        self._rate = RateLimit(cfg.max_rate)
+        self._backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
+        self._refused_backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
+        spool.on_change(self._wake.set)
+        with stats.lock:
+            stats.broker = f"{cfg.host}:{cfg.port}"
+
+    def _load_password(self) -> str | None:
+        if self.cfg.password_file is not None:
+            return read_secret(self.cfg.password_file, "MQTT password file")
+        if self.cfg.password_credential is not None:
+            return read_credential(self.cfg.password_credential, "MQTT password")
+        return None
+
+    def request_stop(self, grace_s: float) -> None:
+        """Stop after publishing what can go within `grace_s` seconds, then say `offline`."""
+        self._drain_deadline = time.monotonic() + grace_s
+        self._halt.set()
+        self._wake.set()
+
+    # -- the thread ------------------------------------------------------------------------------------
+
+    def body(self) -> None:
+        """Connect, publish, reconnect; until asked to stop."""
+        failures = 0
+        while not self._halt.is_set():
+            conn = self._connect()
+            if conn is None or not conn.connected:
+                failures += 1
+                if conn is not None:
+                    self._close(conn, offline=False)
+                self._halt.wait(self._backoff.next_delay())
+                continue
+            if failures:
+                log.info("mqtt: connected to %s:%d after %d failed attempts", self.cfg.host, self.cfg.port, failures)
+            failures = 0
+            self._serve(conn)
+            self._close(conn, offline=self._halt.is_set())
+            self._after_connection(conn)
+
+    def _after_connection(self, conn: _Conn) -> None:
+        """The backoff resets only once a connection carried traffic (or stayed up): a broker that accepts
+        the connection and then hangs up over a message must not be hammered (a reconnect storm)."""
+        if self._halt.is_set():
+            return
+        if self.window.carried or time.monotonic() - conn.since >= STEADY_S:
+            self._backoff.reset()
+            return
+        delay = self.cfg.reconnect_min_s if conn.blamed else self._backoff.next_delay()
+        self._halt.wait(delay)
+
+    def _connect(self) -> _Conn | None:
+        conn = _Conn(new_client(self.cfg, self.client_id, self.availability_topic, self._password))
+        client = conn.client
+        client.on_connect = lambda _c, _u, _f, rc, _p: self._on_connect(conn, rc)
+        client.on_disconnect = lambda _c, _u, _f, rc, _p: self._on_disconnect(conn, rc)
+        client.on_publish = lambda _c, _u, mid, rc, _p: self._on_publish(mid, rc)
+        try:
+            client.connect(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive_s)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: no plaintext fallback, ever
+            self._note_error(f"cannot connect to {self.cfg.host}:{self.cfg.port}: {exc}")
+            return None
+        client.loop_start()
+        conn.looping = True
+        paho_thread = getattr(client, "_thread", None)  # paho names it paho-mqtt-client-<id>; the OS does not
+        if isinstance(paho_thread, threading.Thread):
+            name_os_thread(paho_thread)
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        while not conn.connected and not conn.closed and not self._halt.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._wake.wait(left)
+            self._wake.clear()
+        if conn.refused:
+            self._note_error(f"broker {self.cfg.host}:{self.cfg.port} refused the connection: {conn.refused}")
+        elif not conn.connected:
+            self._note_error(f"no CONNACK from {self.cfg.host}:{self.cfg.port} within {CONNECT_TIMEOUT_S:.0f} s")
+        return conn
+
+    def _serve(self, conn: _Conn) -> None:
+        """Publish while connected; return on disconnect or once drained after a stop request."""
+        self.window.reset()
+        conn.since = time.monotonic()
+        self._cursor = 0  # everything unacknowledged goes again
+        self._seen_changes = -1
+        self._next_stats = 0.0
+        conn.client.publish(self.availability_topic, "online", qos=1, retain=True)
+        while conn.connected:
+            self._wake.clear()  # before the work: a wake-up during it is not lost
+            if self._halt.is_set() and self._drained():
+                return
+            self._flush_acks()
+            self._pump(conn.client)
+            self._maybe_stats(conn.client)
+            self._wake.wait(self._sleep_s())
+
+    def _sleep_s(self) -> float | None:
+        """Until the next timer of this thread; None: until woken (a result, an ack, a disconnect)."""
+        now = time.monotonic()
+        timers = []
+        if self._retry_at is not None:
+            timers.append(self._retry_at - now)
+        if self.cfg.stats_interval_s and self.stats_source is not None:
+            timers.append(self._next_stats - now)
+        if self._halt.is_set() and self._drain_deadline is not None:
+            timers.append(min(self._drain_deadline - now, 0.05))  # draining before a stop: look often
+        if self._rate.rate:
+            timers.append(self._rate.wait_s() or 1.0 / self._rate.rate)
+        return max(0.0, min(timers)) if timers else None
+
+    def _drained(self) -> bool:
+        deadline = self._drain_deadline or 0.0
+        if time.monotonic() >= deadline:
+            left = self.spool.depth
+            if left:
+                log.warning("mqtt: stop grace period over; %d results stay in the spool for next time", left)
+            return True
+        self._flush_acks()
+        return not len(self.window) and self.spool.depth == 0
+
+    def _pump(self, client: paho.Client) -> None:
+        window = self.window
+        # paho sends at most max_inflight unacknowledged; the rest of a burst waits in its queue, and its
+        # network thread sends the next one on each PUBACK without waiting for this thread (whose turns
+        # at the GIL would slow it down: few, large bursts are cheaper than many small ones). With
+        # batching the bound counts results: big messages need no long queue, and each one costs memory.
+        careful = window.careful
+        size = window.careful_window if careful else max(self.cfg.max_inflight + 1, HANDOFF_RESULTS // self.cfg.batch)
+        room = min(size - len(window), self._rate.allow())
+        if room <= 0:
+            return
+        if self._retry_at is not None and not len(window) and time.monotonic() >= self._retry_at:
+            self._retry_at = None  # rows the broker refused: send them again from the oldest
+            self._cursor = 0
+            self._seen_changes = -1
+        changes = self.spool.changes()
+        if changes == self._seen_changes:
+            return  # nothing new since the last empty fetch
+        rows = self.spool.fetch(self._cursor, room if careful else room * self.cfg.batch)
+        if not rows:
+            self._seen_changes = changes
+            return
+        sent: list[tuple[int, Message]] = []
+        try:
+            self._publish_rows(client, self._groups(rows, careful), sent)
+        finally:
+            if sent:
+                self._rate.take(len(sent))
+                if window.register(sent):
+                    self._wake.set()  # acknowledged already: collect them on the next turn, at once
+
+    def _publish_rows(self, client: paho.Client, groups: list[list[Row]], sent: list[tuple[int, Message]]) -> None:
+        """Hand the groups to paho, one message each, recording (mid, message) in `sent`."""
+        qos, ttl_offset, publish = self.cfg.qos, self.spool.ttl_offset(), client.publish
+        for group in groups:
+            first = group[0]
+            props = self._props(first.clock + ttl_offset)  # the oldest row of a group expires first
+            try:
+                info = publish(first.topic, self._payload(group), qos=qos, properties=props)
+            except ValueError as exc:  # a topic paho will not send (wildcards, too long): never sendable
+                self._cursor = group[-1].id
+                self._refuse([r.id for r in group], f"cannot publish to {first.topic!r}: {exc}", final=True)
+                continue
+            if info.rc != paho.MQTT_ERR_SUCCESS:
+                log.debug("mqtt: publish returned %s; will resend after reconnect", info.rc)
+                return
+            self._cursor = group[-1].id
+            sent.append((info.mid, Message([r.id for r in group], [(r.pipeline, r.ts) for r in group])))
+
+    def _groups(self, rows: list[Row], careful: bool) -> list[list[Row]]:
+        """Consecutive rows with the same topic, up to `batch` per message."""
+        if careful:
+            return [[row] for row in rows]  # one result per message: a culprit is found alone
+        if self.cfg.batch == 1:
+            return [[row] for row in rows]
+        groups: list[list[Row]] = []
+        for row in rows:
+            if groups and groups[-1][0].topic == row.topic and len(groups[-1]) < self.cfg.batch:
+                groups[-1].append(row)
+            else:
+                groups.append([row])
+        return groups
+
+    def _payload(self, group: list[Row]) -> bytes:
+        if self.cfg.batch == 1:
+            return group[0].payload
+        return b"[" + b",".join(r.payload for r in group) + b"]"
+
+    def _maybe_stats(self, client: paho.Client) -> None:
+        if not self.cfg.stats_interval_s or self.stats_source is None or time.monotonic() < self._next_stats:
+            return
+        self._next_stats = time.monotonic() + self.cfg.stats_interval_s
+        body = json.dumps({"v": 1, "device": self.device_id, "ts": round(time.time(), 3), **self.stats_source()})
+        client.publish(self.stats_topic, body, qos=0, retain=self.cfg.stats_retain)
+
+    # -- paho callbacks (paho's network thread): record and wake, nothing else ------------------------
+
+    def _on_connect(self, conn: _Conn, reason: Any) -> None:
+        if getattr(reason, "is_failure", False):
+            conn.refused = str(reason)
+            self._wake.set()
+            return
+        conn.connected = True
+        with self.stats.lock:
+            self.stats.connected = True
+            self.stats.connects += 1
+            self.stats.last_error = None
+            self.stats.connected_mono = time.monotonic()
+        self._wake.set()
+
+    def _on_disconnect(self, conn: _Conn, reason: Any) -> None:
+        was = conn.connected
+        conn.connected = False
+        conn.closed = True
+        self._wake.set()
+        blamed = self.window.dropped(reason, self._halt.is_set()) if was else []
+        if blamed:
+            conn.blamed = True
+            self._refuse(blamed, f"the broker closed the connection over this message: {reason}")
+        with self.stats.lock:
+            self.stats.connected = False
+        if was and not self._halt.is_set():
+            self._note_error(f"disconnected from {self.cfg.host}:{self.cfg.port}: {reason}")
+
+    def _on_publish(self, mid: int, reason: Any) -> None:
+        if self.window.acked(mid, reason):
+            self._wake.set()
+
+    # -- on the edged-mqtt thread ---------------------------------------------------------------------
+
+    def _flush_acks(self) -> None:
+        """Hand what the broker acknowledged to the spool, count it; apply refusals at once."""
+        acked = self.window.collect()
+        if acked.ids:
+            self.spool.ack(acked.ids)
+            self.stats.count_published(len(acked.ids), acked.e2e)
+            self._refused_backoff.reset()
+        for ids, why in acked.refused:
+            self._refuse(ids, why)
+            if self._retry_at is None:
+                self._retry_at = time.monotonic() + self._refused_backoff.next_delay()
+
+    def _refuse(self, row_ids: list[int], why: str, *, final: bool = False) -> None:
+        """Count a refusal of these rows now (`final`: they can never be sent: dead letters at once)."""
+        dead = sum(self.spool.refuse(row_id, why, final=final) for row_id in row_ids)
+        with self.stats.lock:
+            self.stats.failed += len(row_ids)
+            self.stats.last_error = why
+        log.warning(
+            "mqtt: %s (%d result(s); %d set aside as dead letters; the rest stay in the spool)",
+            why, len(row_ids), dead,
+        )  # fmt: skip
+
+    # -- helpers ---------------------------------------------------------------------------------------
+
+    def _close(self, conn: _Conn, *, offline: bool) -> None:
+        client = conn.client
+        if conn.connected and offline:
+            info = client.publish(self.availability_topic, "offline", qos=1, retain=True)
+            deadline = time.monotonic() + 1.0
+            while conn.connected and not info.is_published() and (left := deadline - time.monotonic()) > 0:
+                self._wake.wait(min(left, 0.05))
+        client.disconnect()  # also ends a half-open attempt (no CONNACK)
+        if conn.looping:
+            client.loop_stop()  # joins paho's network thread
+        sock = client.socket()
+        if sock is not None:
+            sock.close()
+        with self.stats.lock:
+            self.stats.connected = False
+        self._flush_acks()  # acks that came in before the connection closed still count
+        self.window.reset_keep_carried()
+
+    def _note_error(self, message: str) -> None:
+        with self.stats.lock:
+            repeated = self.stats.last_error == message
+            self.stats.last_error = message
+        # the first occurrence is a warning; repeats (a broker that stays away) go to debug
+        log.log(logging.DEBUG if repeated else logging.WARNING, "mqtt: %s", message)
