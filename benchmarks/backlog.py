@@ -74,7 +74,7 @@ def fill(path: Path, n: int, rate: float) -> dict[str, float]:
     s = spool(path, 365 * 86400.0)
     written = [0]
     base = s.clock()
-    s.clock = lambda: base + written[0] / rate  # type: ignore[method-assign]  (the synthetic history)
+    s.clock = lambda: base + written[0] / rate  # the synthetic history
     s.start()
     t0 = time.perf_counter()
     try:

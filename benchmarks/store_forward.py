@@ -202,7 +202,7 @@ class RssSampler(threading.Thread):
 
 
 def make_payload(seq: int, rng: random.Random) -> bytes:
-    """A result message shaped like the daemon's (see edged/pipeline.py `_store`), about 400 bytes."""
+    """A result message shaped like the daemon's (see edged/pipeline/message.py), about 400 bytes."""
     top = sorted(((rng.randrange(1000), rng.random()) for _ in range(3)), key=lambda t: -t[1])
     message = {
         "v": 1,
@@ -589,7 +589,7 @@ def measure_io(d: DaemonRun, name: str, *, mqtt_on: bool, results: int, timeout:
         "rate": (f1 - f0) / max(t1 - t0, 1e-9),
         "load": load(),
     }
-    row["ratio"] = row["write_bytes_per_result"] / payload if payload else float("nan")
+    row["ratio"] = float(row["write_bytes_per_result"]) / payload if payload else float("nan")  # type: ignore[arg-type]
     note(
         f"io {name}: {row['results']} results at {row['rate']:.0f}/s, write_bytes {row['write_bytes_per_result']:.0f}"
         f" B/result ({row['ratio']:.2f}x payload {payload:.0f} B), wchar {row['wchar_per_result']:.0f} B/result,"
@@ -613,40 +613,43 @@ def note(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
+def drain_lines(drain: DrainReport) -> list[str]:
+    """Part 1 of the table: the drain, edged beside bare paho."""
+    lines: list[str] = []
+    s = drain.summary
+    lines += [
+        f"1. Drain of {drain.n} buffered results (payload {drain.payload_bytes:.0f} B, medians of "
+        f"{len(drain.rounds) // 2} rounds; spool filled at {drain.fill_rate:.0f} results/s)",
+        f"   {'':22} {'msgs/s':>9} {'RSS start':>10} {'RSS max':>9} {'RSS end':>9}  (MiB)",
+    ]
+    for role, label in (("edged", "edged Publisher"), ("bare", "bare paho QoS 1 loop")):
+        r = s[role]
+        lines.append(f"   {label:22} {r['msgs_s']:9.0f} {r['rss_start']:10.1f} {r['rss_max']:9.1f} {r['rss_end']:9.1f}")
+    lines.extend(
+        f"     round {x['round']} {x['role']:5}: {x['msgs_s']:7.0f} msgs/s, {x['seconds']:.2f} s, acked "
+        f"{x['acked']}/{x['n']}, RSS {x['rss_start']:.1f}/{x['rss_max']:.1f}/{x['rss_end']:.1f}, load {x['load']}"
+        for x in drain.rounds
+    )
+    per_round = ", ".join(f"{x:.2f}" for x in s["ratios"])
+    lines.append(f"   edged/bare = {s['ratio']:.2f} (target >= 0.8; per round: {per_round})")
+    grow = s["edged"]["rss_max"] - s["edged"]["rss_start"]
+    lines.append(f"   edged RSS growth during the drain: {grow:+.1f} MiB (target: flat)")
+    for role in ("edged", "bare"):
+        quarters = [x["rss_quarters"] for x in drain.rounds if x["role"] == role and x.get("rss_quarters")]
+        if quarters:
+            q = " / ".join(f"{v:.1f}" for v in quarters[-1])
+            lines.append(f"   {role} max RSS by the end of each quarter of the drain, last round: {q} MiB")
+    last = [x for x in drain.rounds if x["role"] == "edged" and x.get("rss_at_max")]
+    if last:
+        a, b = last[-1]["rss_at_start"], last[-1]["rss_at_max"]
+        split = ", ".join(f"{k} {a.get(k, 0):.1f} -> {v:.1f}" for k, v in b.items())
+        lines.append(f"   edged RSS start -> max, last round: {split} MiB")
+    return lines
+
+
 def table(drain: DrainReport | None, steady: dict[str, Any] | None, io: list[dict[str, Any]] | None) -> str:
     """The side-by-side table."""
-    lines: list[str] = []
-    if drain is not None:
-        s = drain.summary
-        lines += [
-            f"1. Drain of {drain.n} buffered results (payload {drain.payload_bytes:.0f} B, medians of "
-            f"{len(drain.rounds) // 2} rounds; spool filled at {drain.fill_rate:.0f} results/s)",
-            f"   {'':22} {'msgs/s':>9} {'RSS start':>10} {'RSS max':>9} {'RSS end':>9}  (MiB)",
-        ]
-        for role, label in (("edged", "edged Publisher"), ("bare", "bare paho QoS 1 loop")):
-            r = s[role]
-            lines.append(
-                f"   {label:22} {r['msgs_s']:9.0f} {r['rss_start']:10.1f} {r['rss_max']:9.1f} {r['rss_end']:9.1f}"
-            )
-        lines.extend(
-            f"     round {x['round']} {x['role']:5}: {x['msgs_s']:7.0f} msgs/s, {x['seconds']:.2f} s, acked "
-            f"{x['acked']}/{x['n']}, RSS {x['rss_start']:.1f}/{x['rss_max']:.1f}/{x['rss_end']:.1f}, load {x['load']}"
-            for x in drain.rounds
-        )
-        per_round = ", ".join(f"{x:.2f}" for x in s["ratios"])
-        lines.append(f"   edged/bare = {s['ratio']:.2f} (target >= 0.8; per round: {per_round})")
-        grow = s["edged"]["rss_max"] - s["edged"]["rss_start"]
-        lines.append(f"   edged RSS growth during the drain: {grow:+.1f} MiB (target: flat)")
-        for role in ("edged", "bare"):
-            quarters = [x["rss_quarters"] for x in drain.rounds if x["role"] == role and x.get("rss_quarters")]
-            if quarters:
-                q = " / ".join(f"{v:.1f}" for v in quarters[-1])
-                lines.append(f"   {role} max RSS by the end of each quarter of the drain, last round: {q} MiB")
-        last = [x for x in drain.rounds if x["role"] == "edged" and x.get("rss_at_max")]
-        if last:
-            a, b = last[-1]["rss_at_start"], last[-1]["rss_at_max"]
-            split = ", ".join(f"{k} {a.get(k, 0):.1f} -> {v:.1f}" for k, v in b.items())
-            lines.append(f"   edged RSS start -> max, last round: {split} MiB")
+    lines: list[str] = drain_lines(drain) if drain is not None else []
     if steady is not None:
         lines.append("2. Steady state (daemon, tiny model, looping video, MQTT on)")
         for p in steady["points"]:

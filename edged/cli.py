@@ -94,7 +94,7 @@ def _preprocess_args(p: argparse.ArgumentParser) -> None:
     group.add_argument("--preprocess", metavar="JSON", help="keys as in the config, e.g. '{\"size\": [224, 224]}'")
 
 
-Subparsers = argparse._SubParsersAction
+Subparsers = argparse._SubParsersAction  # noqa: SLF001  (argparse has no public name for it)
 
 
 def _tool_parsers(sub: Subparsers[argparse.ArgumentParser]) -> None:

@@ -33,7 +33,11 @@ class StatusConfig(Strict):
     """The status socket that `edged status` reads."""
 
     socket: Path | None = Field(None, description="Unix socket; default <state_dir>/status.sock.")
-    mode: int = Field(0o660, description='Socket file mode, octal ("0660"); never world-writable.')
+    mode: int = Field(
+        0o660,
+        description='Socket file mode, octal ("0660"); never world-writable.',
+        json_schema_extra={"default_text": "`0660`"},
+    )
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -56,16 +60,26 @@ class StatusConfig(Strict):
 class Config(Strict):
     """The whole daemon configuration."""
 
-    device_id: str = Field(default_factory=socket.gethostname, pattern=NAME_PATTERN)
-    state_dir: Path = Field(Path("/var/lib/edged"), description="Spool database and sequence numbers.")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    device_id: str = Field(
+        default_factory=socket.gethostname,
+        pattern=NAME_PATTERN,
+        description="This device's name in topics and messages ([A-Za-z0-9_.-], at most 64).",
+        json_schema_extra={"default_text": "host name"},
+    )
+    state_dir: Path = Field(
+        Path("/var/lib/edged"),
+        description="Spool database (spool.db), sequence-number leases, TensorRT cache, snapshots.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Logs go to stderr (journald adds the time)."
+    )
     watchdog_stall_s: float = Field(
         60.0, gt=0, description="A pipeline without progress this long stops the systemd watchdog pings."
     )
     status: StatusConfig = Field(default_factory=StatusConfig)
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     spool: SpoolConfig = Field(default_factory=SpoolConfig)
-    pipelines: list[PipelineConfig] = Field(min_length=1)
+    pipelines: list[PipelineConfig] = Field(min_length=1, description="At least one; names unique.")
 
     @field_validator("state_dir")
     @classmethod
@@ -94,7 +108,7 @@ class Config(Strict):
 
 def load_config(path: Path) -> Config:
     """Read and validate a YAML config file; raise ConfigError listing every problem (bounded: see
-    edged/configfile.py)."""
+    edged/core/configfile.py)."""
     return parse_config(configfile.read_text(path), source=str(path), base_dir=path.parent)
 
 

@@ -8,6 +8,7 @@ import select
 import signal
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -63,7 +64,7 @@ class Daemon:
         self._reload_asked = False
         self._wake: Waker | None = None  # made by start()
         self._stopped = False
-        self._watchdog_warned = False
+        self.watchdog_stopped = False
         self._drops: deque[tuple[float, int]] = deque(maxlen=4096)
         self.mqtt_stats = MqttStats(enabled=config.mqtt.enabled)
         self.pipelines = [
@@ -186,16 +187,12 @@ class Daemon:
     def wait(self) -> None:
         """Block until a stop is requested or every pipeline has ended; feed sd_notify STATUS= and WATCHDOG=.
         Asleep between its timers (status line, watchdog ping, journal summary): a worker that ends wakes it."""
-        now = time.monotonic()
-        next_log, next_status, next_ping = now + LOG_EVERY_S, now, now
-        ping_every = watchdog_interval()
-        notifying = bool(os.environ.get("NOTIFY_SOCKET"))
         wake = self._wake
         if wake is None:
             raise RuntimeError("Daemon.wait() before start()")
+        timers = self._timers()
         while not self._stopping():
-            timers = [next_log] + ([next_status] if notifying else []) + ([next_ping] if ping_every else [])
-            select.select([wake], [], [], max(0.0, min(timers) - time.monotonic()))
+            select.select([wake], [], [], max(0.0, min(due for due, _, _ in timers) - time.monotonic()))
             wake.drain()
             if self._stopping():
                 return
@@ -203,15 +200,10 @@ class Daemon:
                 self._reload_asked = False
                 self.reloader.request_reload()
             now = time.monotonic()
-            if notifying and now >= next_status:
-                next_status = now + STATUS_EVERY_S
-                notify("STATUS=" + self.status_line())
-            if ping_every and now >= next_ping:
-                next_ping = now + ping_every
-                self._watchdog()
-            if now >= next_log:
-                next_log += LOG_EVERY_S
-                log.info("%s", self.status_line())
+            for i, (due, every, act) in enumerate(timers):
+                if now >= due:
+                    timers[i] = (now + every, every, act)
+                    act()
             for runner in self.pipelines:
                 if not runner.running():
                     runner.stop_source()  # a failed pipeline's source has nobody to feed
@@ -219,13 +211,27 @@ class Daemon:
                 log.info("every pipeline has ended; stopping")
                 return
 
+    def _timers(self) -> list[tuple[float, float, Callable[[], object]]]:
+        """(next due, period, action) of wait()'s timers: the journal summary, and under systemd the STATUS=
+        line and the watchdog ping."""
+        now = time.monotonic()
+        timers: list[tuple[float, float, Callable[[], object]]] = [
+            (now + LOG_EVERY_S, LOG_EVERY_S, lambda: log.info("%s", self.status_line()))
+        ]
+        if os.environ.get("NOTIFY_SOCKET"):
+            timers.append((now, STATUS_EVERY_S, lambda: notify("STATUS=" + self.status_line())))
+        ping_every = watchdog_interval()
+        if ping_every:
+            timers.append((now, ping_every, self._watchdog))
+        return timers
+
     def _watchdog(self) -> None:
         """WATCHDOG=1 only while every pipeline shows progress: a hung run stops the pings, systemd restarts us."""
         stalled = [runner.name for runner in self.pipelines if runner.stats.stalled(self.config.watchdog_stall_s)]
         if not stalled:
             notify("WATCHDOG=1")
-        elif not self._watchdog_warned:
-            self._watchdog_warned = True
+        elif not self.watchdog_stopped:
+            self.watchdog_stopped = True
             log.error(
                 "pipeline(s) %s made no progress for %.0f s; not feeding the systemd watchdog",
                 ", ".join(stalled), self.config.watchdog_stall_s,

@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -68,6 +68,21 @@ def open_out(target: str) -> Iterator[TextIO]:
         yield fh
 
 
+def write_block(out: TextIO, block: Any, start: float, dt: float, written: int) -> int:
+    """Write one chunk of samples as CSV lines; the samples written so far."""
+    out.write(
+        "".join(f"{start + (written + j) * dt:.6f},{s[0]:.5f},{s[1]:.5f},{s[2]:.5f}\n" for j, s in enumerate(block))
+    )
+    return written + len(block)
+
+
+def pace(out: TextIO, ahead: float) -> None:
+    """Hand what was written to the reader; sleep while the feed is ahead of its rate."""
+    out.flush()
+    if ahead > 0:
+        time.sleep(ahead)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Write the samples, paced at --rate."""
     args = parse_args(argv)
@@ -90,19 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     labels.writerows([w, vs.LABELS[label]] for w in range(first, first + args.segment_windows))
                     labels_fh.flush()
                 for c in range(0, seg_len, CHUNK):
-                    block = samples[c : c + CHUNK]
-                    out.write(
-                        "".join(
-                            f"{start + (written + j) * dt:.6f},{s[0]:.5f},{s[1]:.5f},{s[2]:.5f}\n"
-                            for j, s in enumerate(block)
-                        )
-                    )
-                    written += len(block)
+                    written = write_block(out, samples[c : c + CHUNK], start, dt, written)
                     if args.rate > 0:
-                        out.flush()
-                        ahead = written / args.rate - (time.monotonic() - began)
-                        if ahead > 0:
-                            time.sleep(ahead)
+                        pace(out, written / args.rate - (time.monotonic() - began))
             out.flush()
     except BrokenPipeError:
         print("vibration_feed: the reader went away", file=sys.stderr)

@@ -29,6 +29,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from edged.model.preprocess import PreprocessSpec
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))  # tests import the repository's scripts (config_table, ...)
 ASSETS = REPO / "edged" / "assets"
 
 
@@ -126,7 +127,7 @@ class Subscriber:
             client_id=f"sub-{os.getpid()}-{id(self)}",
             clean_session=not self.persistent,
         )
-        self.client.reconnect_delay_set(0.05, 0.3)
+        self.client.reconnect_delay_set(0.05, 0.3)  # type: ignore[arg-type]  # paho hints int; float seconds work
         self.client.on_connect = lambda c, *_: c.subscribe(self.topic, qos=1)
         self.client.on_subscribe = lambda *_: self.subscribed.set()
         self.client.on_message = self._on_message
@@ -149,6 +150,9 @@ class Subscriber:
     def close(self) -> None:
         self.client.loop_stop()
         self.client.disconnect()
+
+
+Subscribe = Callable[..., "Subscriber"]
 
 
 @pytest.fixture
@@ -217,7 +221,7 @@ def make_video(path: Path, frames: int, *, size: tuple[int, int] = (64, 48), fps
     import cv2
 
     fourcc = "MJPG" if path.suffix == ".avi" else "mp4v"
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), fps, size)
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*fourcc), fps, size)
     assert writer.isOpened()
     colors = [(0, 0, 255), (0, 255, 0), (255, 0, 0)]  # BGR: red, green, blue
     for i in range(frames):
@@ -295,6 +299,9 @@ class DaemonProc:
         return self.proc.returncode, err
 
 
+StartDaemon = Callable[[Path], "DaemonProc"]
+
+
 @pytest.fixture
 def start_daemon() -> Iterator[Callable[[Path], DaemonProc]]:
     procs: list[DaemonProc] = []
@@ -316,3 +323,14 @@ def start_daemon() -> Iterator[Callable[[Path], DaemonProc]]:
         if d.proc.poll() is None:
             d.proc.kill()
             d.proc.communicate()
+
+
+# a test that starts a broker or a daemon process is an integration test by definition; the others that
+# take long (a whole pipeline in-process, quantization) carry the marker themselves
+INTEGRATION_FIXTURES = {"broker", "own_broker", "subscribe", "start_daemon", "tls_broker", "pki"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)

@@ -54,7 +54,8 @@ def yolov8_head() -> np.ndarray:
         scores[cls] = score
         rows.append([cx, cy, w, h, *scores])
     rows += [[0.0] * (4 + len(LABELS))] * EMPTY_ANCHORS
-    return np.asarray([rows], np.float32).transpose(0, 2, 1).copy()  # [1, 4 + nc, N]
+    head: np.ndarray = np.asarray([rows], np.float32).transpose(0, 2, 1).copy()  # [1, 4 + nc, N]
+    return head
 
 
 def boxes_head() -> np.ndarray:

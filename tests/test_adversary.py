@@ -50,6 +50,7 @@ HOSTILE: dict[str, tuple[bytes, int, str]] = {
 }
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_a_hostile_config_is_one_clear_line_and_bounded_memory(tmp_path: Path, name: str) -> None:
     content, line, says = HOSTILE[name]
@@ -73,6 +74,7 @@ def test_a_hostile_config_is_one_clear_line_and_bounded_memory(tmp_path: Path, n
         ("t/" + "x" * 65_500 + "/{pipeline}", "MQTT allows 65535"),
     ],
 )
+@pytest.mark.integration
 def test_a_topic_no_broker_takes_fails_check_config(tmp_path: Path, tiny_model: Path, topic: str, says: str) -> None:
     cfg = base_config(tmp_path, tiny_model, str(tmp_path / "v.mp4"))
     cfg["mqtt"]["topic"] = topic
@@ -97,6 +99,7 @@ def broken_models(tmp_path: Path, good: Path) -> dict[str, Path]:
     return {"empty": empty, "truncated": truncated, "opset 99": too_new}
 
 
+@pytest.mark.integration
 def test_check_config_and_inspect_refuse_a_model_onnx_runtime_cannot_load(tmp_path: Path, tiny_model: Path) -> None:
     for name, model in broken_models(tmp_path, tiny_model).items():
         cfg = base_config(tmp_path, model, str(tmp_path / "v.mp4"))
@@ -114,6 +117,7 @@ def test_check_config_and_inspect_refuse_a_model_onnx_runtime_cannot_load(tmp_pa
     assert run_cli("inspect", str(tiny_model)).returncode == 0
 
 
+@pytest.mark.integration
 def test_a_second_daemon_on_the_same_state_dir_is_refused_before_it_opens_anything(
     tmp_path: Path, tiny_model: Path, start_daemon: Any
 ) -> None:
@@ -143,6 +147,7 @@ def test_a_second_daemon_on_the_same_state_dir_is_refused_before_it_opens_anythi
     assert seq_before > 0
 
 
+@pytest.mark.integration
 def test_a_non_utf8_config_on_sighup_is_rejected_and_the_next_reload_works(
     tmp_path: Path, tiny_model: Path, start_daemon: Any
 ) -> None:
@@ -162,13 +167,16 @@ def test_a_non_utf8_config_on_sighup_is_rejected_and_the_next_reload_works(
     path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     daemon.proc.send_signal(signal.SIGHUP)
     wait_for(lambda: (s := daemon.status()) and s["reload"]["result"] == "applied", 30, "the next reload applied")
-    frames = daemon.status()["pipelines"][0]["frames"]  # type: ignore[index]
+    status = daemon.status()
+    assert status is not None
+    frames = status["pipelines"][0]["frames"]
     wait_for(lambda: (s := daemon.status()) and s["pipelines"][0]["frames"] > frames, 30, "results after it")
     code, err = daemon.stop()
     assert code == 0, err
     assert "Traceback" not in err
 
 
+@pytest.mark.integration
 def test_the_reload_thread_survives_an_unexpected_error(
     tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -205,6 +213,7 @@ def test_the_reload_thread_survives_an_unexpected_error(
     assert not daemon.reloader.is_alive()
 
 
+@pytest.mark.integration
 def test_a_broker_that_stops_acknowledging_makes_status_degraded_until_it_acknowledges_again(
     tmp_path: Path, tiny_model: Path, own_broker: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

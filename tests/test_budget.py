@@ -24,7 +24,7 @@ def inputs(edge_ms: float, **kw: float) -> BudgetInputs:
         response_bytes=1_000,
         cloud_infer_ms=5.0,
         queue_ms=10.0,
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )
 
 
@@ -87,6 +87,7 @@ def test_presets_are_ordered_as_the_links_are() -> None:
     assert PRESETS["satellite"].rtt_ms > PRESETS["lte"].rtt_ms > PRESETS["wifi"].rtt_ms
 
 
+@pytest.mark.integration
 def test_budget_cli_json() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "edged", "budget", "--edge-ms", "30", "--preset", "satellite", "--payload-kb", "50",

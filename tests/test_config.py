@@ -117,6 +117,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.integration
 def test_check_config_cli_exit_codes(tmp_path: Path, tiny_model: Path) -> None:
     good = write(tmp_path, GOOD, tiny_model)
     ok = run_cli("check-config", str(good))
@@ -129,6 +130,7 @@ def test_check_config_cli_exit_codes(tmp_path: Path, tiny_model: Path) -> None:
     assert f"{bad}:1 devce_id=pi-kitchen-01: unknown key" in res.stderr
 
 
+@pytest.mark.integration
 def test_run_refuses_invalid_config_with_the_same_message(tmp_path: Path, tiny_model: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(GOOD.format(model=tiny_model).replace("device_id", "devce_id"), encoding="utf-8")

@@ -15,7 +15,17 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import ASSETS, Broker, base_config, make_tiny_model, make_video, wait_for, write_config
+from conftest import (
+    ASSETS,
+    Broker,
+    StartDaemon,
+    Subscribe,
+    base_config,
+    make_tiny_model,
+    make_video,
+    wait_for,
+    write_config,
+)
 
 
 def spool_seqs(state_dir: Path) -> list[int]:
@@ -41,7 +51,9 @@ def live_config(tmp_path: Path, model: Path, video: Path, broker: Broker | None,
     return write_config(tmp_path / "edged.yaml", cfg)
 
 
-def watched_config(tmp_path: Path, broker: Broker, subscribe, live_setup: tuple[Path, Path]) -> tuple[Path, str, Any]:
+def watched_config(
+    tmp_path: Path, broker: Broker, subscribe: Subscribe, live_setup: tuple[Path, Path]
+) -> tuple[Path, str, Any]:
     """Start `broker` (persistent) and a persistent subscription to the daemon's topics, before any daemon."""
     broker.persistent = True
     broker.start()
@@ -50,8 +62,9 @@ def watched_config(tmp_path: Path, broker: Broker, subscribe, live_setup: tuple[
     return config, device, subscribe(broker, f"edged/{device}/#", persistent=True)
 
 
+@pytest.mark.integration
 def test_sigterm_then_restart_seq_continues_and_nothing_is_lost(
-    tmp_path: Path, own_broker: Broker, subscribe, start_daemon, live_setup: tuple[Path, Path]
+    tmp_path: Path, own_broker: Broker, subscribe: Subscribe, start_daemon: StartDaemon, live_setup: tuple[Path, Path]
 ) -> None:
     config, device, sub = watched_config(tmp_path, own_broker, subscribe, live_setup)
 
@@ -76,8 +89,9 @@ def test_sigterm_then_restart_seq_continues_and_nothing_is_lost(
     assert status[-1] == (b"offline", False)
 
 
+@pytest.mark.integration
 def test_broker_absent_at_start_then_started_every_result_arrives(
-    tmp_path: Path, own_broker: Broker, subscribe, start_daemon, live_setup: tuple[Path, Path]
+    tmp_path: Path, own_broker: Broker, subscribe: Subscribe, start_daemon: StartDaemon, live_setup: tuple[Path, Path]
 ) -> None:
     config, _, sub = watched_config(tmp_path, own_broker, subscribe, live_setup)
     own_broker.stop()
@@ -104,8 +118,9 @@ def test_broker_absent_at_start_then_started_every_result_arrives(
     assert max(seqs) >= 30
 
 
+@pytest.mark.integration
 def test_sigkill_loses_nothing_committed_and_the_broker_sends_the_last_will(
-    tmp_path: Path, broker: Broker, subscribe, start_daemon, live_setup: tuple[Path, Path]
+    tmp_path: Path, broker: Broker, subscribe: Subscribe, start_daemon: StartDaemon, live_setup: tuple[Path, Path]
 ) -> None:
     model, video = live_setup
     cfg = base_config(tmp_path, model, str(video), broker=broker, fps=40, loop=True, stop_at_end=False)
@@ -123,8 +138,9 @@ def test_sigkill_loses_nothing_committed_and_the_broker_sends_the_last_will(
     assert delivered | spooled == set(range(1, top + 1))
 
 
+@pytest.mark.integration
 def test_status_json_keys_table_and_socket_mode(
-    tmp_path: Path, broker: Broker, start_daemon, live_setup: tuple[Path, Path]
+    tmp_path: Path, broker: Broker, start_daemon: StartDaemon, live_setup: tuple[Path, Path]
 ) -> None:
     config = live_config(tmp_path, *live_setup, broker)
     daemon = start_daemon(config)
@@ -155,6 +171,7 @@ def test_status_json_keys_table_and_socket_mode(
     assert code == 0
 
 
+@pytest.mark.integration
 def test_status_when_not_running_exits_2_with_a_message(tmp_path: Path) -> None:
     res = edged("status", "--socket", str(tmp_path / "none.sock"))
     assert res.returncode == 2
@@ -162,8 +179,9 @@ def test_status_when_not_running_exits_2_with_a_message(tmp_path: Path) -> None:
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.integration
 def test_vanished_camera_degrades_and_recovers_in_the_daemon(
-    tmp_path: Path, start_daemon, live_setup: tuple[Path, Path]
+    tmp_path: Path, start_daemon: StartDaemon, live_setup: tuple[Path, Path]
 ) -> None:
     model, _ = live_setup
     missing = tmp_path / "cam.avi"
@@ -178,7 +196,8 @@ def test_vanished_camera_degrades_and_recovers_in_the_daemon(
     assert code == 0
 
 
-def test_demo_video_end_to_end_through_a_real_broker(tmp_path: Path, broker: Broker, subscribe) -> None:
+@pytest.mark.integration
+def test_demo_video_end_to_end_through_a_real_broker(tmp_path: Path, broker: Broker, subscribe: Subscribe) -> None:
     sub = subscribe(broker, "edged/demo/#")
     res = edged(
         "demo",
@@ -208,7 +227,10 @@ def test_demo_video_end_to_end_through_a_real_broker(tmp_path: Path, broker: Bro
     assert "top-1 accuracy" in res.stdout
 
 
-def test_a_second_signal_exits_at_once(tmp_path: Path, start_daemon, live_setup: tuple[Path, Path]) -> None:
+@pytest.mark.integration
+def test_a_second_signal_exits_at_once(
+    tmp_path: Path, start_daemon: StartDaemon, live_setup: tuple[Path, Path]
+) -> None:
     # an IP camera that accepts the connection and then never answers keeps the source thread stuck in
     # OpenCV, so a clean stop has to wait for it; the second SIGTERM must not
     import socket

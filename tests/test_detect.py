@@ -11,6 +11,7 @@ from detect_models import LABELS, make_detector
 
 from edged.core.errors import ModelError
 from edged.model.detect import DetectConfig, nms
+from edged.model.preprocess import Preprocessor
 from edged.pipeline.model import Model, prepare_model
 from edged.pipeline.settings import PipelineConfig
 
@@ -34,6 +35,7 @@ def pipeline_cfg(model: Path, **post: Any) -> PipelineConfig:
 
 def detect(model: Model, frame: np.ndarray) -> dict[str, Any]:
     h, w = frame.shape[:2]
+    assert isinstance(model.pre, Preprocessor)
     return model.post(model.loaded.run(model.pre(frame)), model.pre.geometry(w, h))
 
 

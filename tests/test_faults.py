@@ -17,7 +17,17 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import Broker, base_config, free_port, make_tiny_model, make_video, wait_for, write_config
+from conftest import (
+    Broker,
+    StartDaemon,
+    Subscribe,
+    base_config,
+    free_port,
+    make_tiny_model,
+    make_video,
+    wait_for,
+    write_config,
+)
 
 from edged.core.stats import MqttStats
 from edged.store.seqlease import LEASE
@@ -91,8 +101,9 @@ def drain_and_stop(daemon: Any, state_dir: Path) -> None:
     assert spool_rows(state_dir) == 0, "the spool did not drain within the grace period"
 
 
+@pytest.mark.integration
 def test_kill_9_at_random_points_loses_nothing_committed(
-    tmp_path: Path, broker: Broker, subscribe, start_daemon, setup: tuple[Path, Path]
+    tmp_path: Path, broker: Broker, subscribe: Subscribe, start_daemon: StartDaemon, setup: tuple[Path, Path]
 ) -> None:
     config, device = daemon_config(tmp_path, setup, broker)
     sub = subscribe(broker, f"edged/{device}/#")
@@ -104,7 +115,9 @@ def test_kill_9_at_random_points_loses_nothing_committed(
         daemon.stop(signal.SIGKILL)
     last = start_daemon(config)
     wait_for(last.status, 30, "the daemon to come up")
-    spool = last.status()["spool"]
+    status = last.status()
+    assert status is not None
+    spool = status["spool"]
     # the clean run produces too (its seqs follow the last gap), then drains and stops
     wait_for(lambda: (s := last.status()) and s["pipelines"][0]["frames"] >= 5, 30, "the clean run's results")
     drain_and_stop(last, tmp_path / "state")
@@ -118,8 +131,9 @@ def test_kill_9_at_random_points_loses_nothing_committed(
     assert spool["dropped_by_reason"]["unclean_stop"] == sum(g["last"] - g["first"] + 1 for g in gaps)
 
 
+@pytest.mark.integration
 def test_broker_down_then_flapping_every_second_or_two(
-    tmp_path: Path, own_broker: Broker, subscribe, start_daemon, setup: tuple[Path, Path]
+    tmp_path: Path, own_broker: Broker, subscribe: Subscribe, start_daemon: StartDaemon, setup: tuple[Path, Path]
 ) -> None:
     own_broker.persistent = True  # the subscriber's session (and its queue) survives the restarts
     own_broker.start()
@@ -140,8 +154,9 @@ def test_broker_down_then_flapping_every_second_or_two(
     check_all_arrived(sub, tmp_path / "state")
 
 
+@pytest.mark.integration
 def test_broker_losing_its_session_gets_every_unacknowledged_row_again(
-    tmp_path: Path, own_broker: Broker, subscribe, start_daemon, setup: tuple[Path, Path]
+    tmp_path: Path, own_broker: Broker, subscribe: Subscribe, start_daemon: StartDaemon, setup: tuple[Path, Path]
 ) -> None:
     # the daemon reconnects after 1-2 s, the test subscriber within 0.3 s: it is listening again first
     own_broker.start()
@@ -160,8 +175,9 @@ def test_broker_losing_its_session_gets_every_unacknowledged_row_again(
     check_all_arrived(sub, tmp_path / "state")
 
 
+@pytest.mark.integration
 def test_a_message_the_broker_always_rejects_is_dead_lettered_and_the_rest_flows(
-    tmp_path: Path, own_broker: Broker, subscribe
+    tmp_path: Path, own_broker: Broker, subscribe: Subscribe
 ) -> None:
     # mosquitto 2.0 hangs up on a client whose publish is over message_size_limit ("Protocol error"):
     # without care that one message would block the queue forever (Greengrass #852)
@@ -193,8 +209,9 @@ def test_a_message_the_broker_always_rejects_is_dead_lettered_and_the_rest_flows
     assert reason  # the broker's reason code, e.g. "Implementation specific error"
 
 
+@pytest.mark.integration
 def test_a_broker_that_hangs_up_over_a_message_causes_no_reconnect_storm(
-    tmp_path: Path, own_broker: Broker, subscribe
+    tmp_path: Path, own_broker: Broker, subscribe: Subscribe
 ) -> None:
     """mosquitto's max_packet_size: it drops the connection on a packet over the limit. Before, the backoff
     reset on every CONNACK and refusals counted once per commit: 10,998 connections in 15 s. Now each culprit
@@ -235,9 +252,10 @@ def test_a_broker_that_hangs_up_over_a_message_causes_no_reconnect_storm(
     assert {m["seq"] for m in sub.results()} == {i for i in range(1, 111) if i not in (5, 50)}
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("policy", ["drop_oldest", "drop_newest"])
 def test_quota_reached_during_an_outage_drop_counters_match_exactly(
-    tmp_path: Path, own_broker: Broker, subscribe, policy: str
+    tmp_path: Path, own_broker: Broker, subscribe: Subscribe, policy: str
 ) -> None:
     spool = Spool(
         tmp_path / "s.db", SpoolConfig(batch_ms=5, max_bytes=20_000, on_full=policy, ballast_bytes=0, min_free_bytes=0)
@@ -286,6 +304,7 @@ def fill_up(path: Path) -> None:
             fh.flush()
 
 
+@pytest.mark.integration
 def test_disk_full_evicts_early_never_crashes_and_resumes_when_space_returns(tmp_path: Path) -> None:
     small = tmp_path / "small"
     _mount_tmpfs(small, "16m")
@@ -397,6 +416,7 @@ def tls_publisher(tmp_path: Path, host: str, port: int, ca: Path, pki: Path) -> 
     return spool, Publisher(cfg, "tls", spool, stats), stats
 
 
+@pytest.mark.integration
 def test_tls_with_the_right_ca_and_client_certificate_delivers(tmp_path: Path, tls_broker: Broker, pki: Path) -> None:
     spool, pub, stats = tls_publisher(tmp_path, "localhost", tls_broker.port, pki / "good-ca.crt", pki)
     pub.start()
@@ -424,7 +444,10 @@ def test_tls_is_refused_with_a_wrong_ca_or_host_name_and_never_falls_back(
     spool.close()
 
 
-def test_a_key_file_readable_by_others_is_refused_at_startup(tmp_path: Path, pki: Path, start_daemon) -> None:
+@pytest.mark.integration
+def test_a_key_file_readable_by_others_is_refused_at_startup(
+    tmp_path: Path, pki: Path, start_daemon: StartDaemon
+) -> None:
     key = tmp_path / "client.key"
     key.write_bytes((pki / "good-client.key").read_bytes())
     key.chmod(0o644)

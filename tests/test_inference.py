@@ -10,7 +10,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import yaml
-from conftest import base_config, make_tiny_model, make_video, write_config
+from conftest import StartDaemon, base_config, make_tiny_model, make_video, write_config
 
 from edged.core.errors import ModelError, ProviderError
 from edged.model.postprocess import Classify, ClassifyConfig, Raw, RawConfig, make_postprocessor
@@ -96,7 +96,8 @@ def test_malformed_onnx_is_a_clear_model_error(tmp_path: Path) -> None:
         load_model(model_cfg(bad), tmp_path)
 
 
-def test_daemon_exits_non_zero_on_a_malformed_model(tmp_path: Path, start_daemon) -> None:
+@pytest.mark.integration
+def test_daemon_exits_non_zero_on_a_malformed_model(tmp_path: Path, start_daemon: StartDaemon) -> None:
     bad = tmp_path / "broken.onnx"
     bad.write_bytes(b"this is not an onnx file")
     video = make_video(tmp_path / "v.mp4", 3)

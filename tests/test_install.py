@@ -99,6 +99,7 @@ def check_platform_packages_kept(res: subprocess.CompletedProcess[str], root: Pa
     assert "GStreamer: " in res.stdout
 
 
+@pytest.mark.integration
 def test_install_is_complete_and_idempotent_then_uninstall_keeps_data_and_purge_removes_it(
     root: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -157,6 +158,7 @@ def test_bad_options_are_refused() -> None:
     assert "--platform must be pi, jetson or generic" in res.stderr
 
 
+@pytest.mark.integration
 def test_pydeps_leaves_out_what_the_platform_provides(tmp_path: Path) -> None:
     # nothing system-wide: every runtime dependency comes from PyPI
     plain = pydeps(None)
@@ -174,6 +176,7 @@ def test_pydeps_leaves_out_what_the_platform_provides(tmp_path: Path) -> None:
     assert [r.split(">")[0] for r in jetson.stdout.split()] == ["paho-mqtt", "pyyaml", "pydantic", "rich"]
 
 
+@pytest.mark.integration
 def test_a_platform_package_that_crashes_is_told_apart_from_a_missing_one(tmp_path: Path) -> None:
     """onnxruntime segfaults under qemu 7.2 (it reads the x86 host's /proc/cpuinfo): that is a crash, not
     "did not install". Stood in for by a cv2 that kills itself with SIGSEGV."""
@@ -224,6 +227,7 @@ def test_arm64_check_arguments_and_dry_run(tmp_path: Path) -> None:
         assert "arm64-check:" in res.stderr
 
 
+@pytest.mark.integration
 def test_a_pi_with_the_system_opencv_keeps_it_and_gets_onnxruntime_from_pypi(
     tmp_path: Path, root_factory: Path
 ) -> None:

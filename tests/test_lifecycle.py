@@ -125,6 +125,7 @@ def live_daemon(tmp_path: Path, model: Path, **top: Any) -> Daemon:
     return Daemon(config_from_dict(cfg))
 
 
+@pytest.mark.integration
 def test_notify_order_and_a_hung_model_run_silences_the_watchdog(
     tmp_path: Path, tiny_model: Path, notify_socket: NotifySocket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -146,7 +147,7 @@ def test_notify_order_and_a_hung_model_run_silences_the_watchdog(
     monkeypatch.setattr(LoadedModel, "run", hang)
     # the condition, not a fixed sleep: the daemon says it stopped pinging (after watchdog_stall_s)
     wait_for(lambda: daemon.pipelines[0].stats.stalled(daemon.config.watchdog_stall_s), 30, "the stall seen")
-    wait_for(lambda: daemon._watchdog_warned, 30, "the daemon stopping the pings")
+    wait_for(lambda: daemon.watchdog_stopped, 30, "the daemon stopping the pings")
     before = notify_socket.count("WATCHDOG=1")
     time.sleep(1.0)  # ten ping intervals
     assert notify_socket.count("WATCHDOG=1") == before  # silence: systemd would restart us
@@ -168,6 +169,7 @@ def results(state_dir: Path) -> list[dict[str, Any]]:
         return [json.loads(p) for (p,) in conn.execute("SELECT payload FROM results ORDER BY id")]
 
 
+@pytest.mark.integration
 def test_sighup_rejects_a_bad_config_and_swaps_the_model_of_a_good_one(
     tmp_path: Path, start_daemon: Any, notify_socket: NotifySocket
 ) -> None:
@@ -205,6 +207,7 @@ def test_sighup_rejects_a_bad_config_and_swaps_the_model_of_a_good_one(
     assert all(s == shas[-1] for s in shas[switch:])  # switched once, between two frames
 
 
+@pytest.mark.integration
 def test_model_file_replaced_under_load_swaps_and_a_broken_one_is_refused(tmp_path: Path, tiny_model: Path) -> None:
     model = tmp_path / "model.onnx"
     shutil.copy(tiny_model, model)
@@ -238,6 +241,7 @@ def test_model_file_replaced_under_load_swaps_and_a_broken_one_is_refused(tmp_pa
     assert daemon.pipelines[0].stats.error is None
 
 
+@pytest.mark.integration
 def test_pinned_sha256_refuses_another_model(tmp_path: Path, tiny_model: Path, start_daemon: Any) -> None:
     cfg = base_config(tmp_path, tiny_model, str(make_video(tmp_path / "v.mp4", 3)))
     cfg["pipelines"][0]["model"]["sha256"] = "0" * 64
@@ -249,6 +253,7 @@ def test_pinned_sha256_refuses_another_model(tmp_path: Path, tiny_model: Path, s
 # -- logs --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_a_repeating_log_line_is_rate_limited_with_a_count(caplog: pytest.LogCaptureFixture) -> None:
     logger = logging.getLogger("edged.test.ratelimit")
     limit = RateLimit(burst=2, period=0.2)
@@ -285,6 +290,7 @@ def test_status_socket_ignores_malformed_requests(tmp_path: Path) -> None:
         server.stop()
 
 
+@pytest.mark.integration
 def test_watch_refreshes_until_interrupted(tmp_path: Path) -> None:
     from edged.ops.status import StatusServer
 

@@ -7,10 +7,11 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
-from conftest import Broker, wait_for
+from conftest import Broker, Subscribe, wait_for
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -50,9 +51,10 @@ def make(tmp_path: Path, broker: Broker, **kw: object) -> tuple[Spool, Publisher
     return spool, Publisher(cfg, device, spool, stats), stats, device
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("protocol", "qos"), [("5", 1), ("3.1.1", 1), ("5", 0)])
 def test_every_row_is_delivered_in_seq_order_and_deleted_after_puback(
-    tmp_path: Path, broker: Broker, subscribe, protocol: str, qos: int
+    tmp_path: Path, broker: Broker, subscribe: Subscribe, protocol: str, qos: int
 ) -> None:
     # with QoS 0 there is no PUBACK: a row leaves the spool once written to the socket
     spool, pub, stats, device = make(tmp_path, broker, protocol=protocol, qos=qos, max_inflight=8)
@@ -70,7 +72,10 @@ def test_every_row_is_delivered_in_seq_order_and_deleted_after_puback(
     spool.close()
 
 
-def test_broker_absent_at_start_then_started_everything_arrives(tmp_path: Path, own_broker: Broker, subscribe) -> None:
+@pytest.mark.integration
+def test_broker_absent_at_start_then_started_everything_arrives(
+    tmp_path: Path, own_broker: Broker, subscribe: Subscribe
+) -> None:
     spool, pub, stats, device = make(tmp_path, own_broker)
     # a subscriber session that the broker keeps (persisted) while it is down, so nothing it gets
     # before the subscriber reconnects is missed
@@ -91,7 +96,8 @@ def test_broker_absent_at_start_then_started_everything_arrives(tmp_path: Path, 
     spool.close()
 
 
-def test_broker_restart_resends_unacknowledged_rows(tmp_path: Path, own_broker: Broker, subscribe) -> None:
+@pytest.mark.integration
+def test_broker_restart_resends_unacknowledged_rows(tmp_path: Path, own_broker: Broker, subscribe: Subscribe) -> None:
     own_broker.persistent = True
     own_broker.start()
     spool, pub, stats, device = make(tmp_path, own_broker)
@@ -112,6 +118,7 @@ def test_broker_restart_resends_unacknowledged_rows(tmp_path: Path, own_broker: 
     spool.close()
 
 
+@pytest.mark.integration
 def test_a_refused_publish_keeps_the_row(tmp_path: Path, own_broker: Broker) -> None:
     # Mosquitto answers an MQTT 5 publish that its ACL denies with PUBACK reason 0x87 (Not authorized).
     acl = tmp_path / "acl"
@@ -138,7 +145,8 @@ def test_publisher_thread_stops_promptly_while_the_broker_is_absent(tmp_path: Pa
     spool.close()
 
 
-def test_batching_sends_json_arrays_in_seq_order(tmp_path: Path, broker: Broker, subscribe) -> None:
+@pytest.mark.integration
+def test_batching_sends_json_arrays_in_seq_order(tmp_path: Path, broker: Broker, subscribe: Subscribe) -> None:
     spool, pub, _, device = make(tmp_path, broker, batch=5)
     sub = subscribe(broker, f"edged/{device}/#")
     fill(spool, device, 12)
@@ -151,6 +159,7 @@ def test_batching_sends_json_arrays_in_seq_order(tmp_path: Path, broker: Broker,
     assert [m["seq"] for a in arrays for m in a] == list(range(1, 13))
 
 
+@pytest.mark.integration
 def test_mqtt5_messages_carry_expiry_and_content_type(tmp_path: Path, broker: Broker) -> None:
     got: list[paho.MQTTMessage] = []
     client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
@@ -169,14 +178,15 @@ def test_mqtt5_messages_carry_expiry_and_content_type(tmp_path: Path, broker: Br
     client.loop_stop()
     client.disconnect()
     spool.close()
-    props = got[0].properties
+    props: Any = got[0].properties
+    assert props is not None
     assert props.ContentType == "application/json"
     assert 7 * 86400 - 120 <= props.MessageExpiryInterval <= 7 * 86400  # the spool's TTL, to the minute
 
 
 @pytest.mark.parametrize("expiry", [0, 3600])
 def test_packed_properties_pack_as_paho_would(expiry: int) -> None:
-    plain = Properties(PacketTypes.PUBLISH)
+    plain: Any = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]  # paho's Properties: no hints
     plain.ContentType = "application/json"
     if expiry:
         plain.MessageExpiryInterval = expiry
@@ -193,12 +203,12 @@ def test_an_early_ack_of_another_message_is_never_taken_for_a_later_one(tmp_path
     spool = Spool(tmp_path / "s.db")
     pub = Publisher(MqttConfig.model_validate({"host": "127.0.0.1"}), "dev", spool, MqttStats())
     success = ReasonCode(PacketTypes.PUBACK, "Success")
-    pub._on_publish(7, success)  # e.g. the stats message, mid 7
+    pub._on_publish(7, success)  # noqa: SLF001  (paho's callback, driven by hand) e.g. the stats message, mid 7
     pub.window.register([(3, Message([1], [("cam0", 0.0)]))])  # a burst of rows: mid 3 is row 1
     pub.window.register([(7, Message([2], [("cam0", 0.0)]))])  # much later, mid 7 again: row 2
     assert {mid: m.ids for mid, m in pub.window.messages.items()} == {3: [1], 7: [2]}  # row 2 waits for its PUBACK
-    pub._on_publish(3, success)
-    pub._flush_acks()
+    pub._on_publish(3, success)  # noqa: SLF001
+    pub._flush_acks()  # noqa: SLF001
     assert {mid: m.ids for mid, m in pub.window.messages.items()} == {7: [2]}
     assert pub.stats.published == 1
     spool.close()
@@ -220,7 +230,8 @@ def test_an_ack_that_beats_its_registration_counts_its_arrival_time_and_is_colle
     assert ms == pytest.approx(10.0, abs=0.01)
 
 
-def test_periodic_stats_message(tmp_path: Path, broker: Broker, subscribe) -> None:
+@pytest.mark.integration
+def test_periodic_stats_message(tmp_path: Path, broker: Broker, subscribe: Subscribe) -> None:
     spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=10))
     spool.start()
     cfg = MqttConfig.model_validate({"host": broker.host, "port": broker.port, "stats_interval_s": 0.2})
@@ -239,7 +250,7 @@ def test_rate_limit_token_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
     from edged.uplink import mqttclient
 
     now = [100.0]
-    monkeypatch.setattr(mqttclient.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr("edged.uplink.mqttclient.time.monotonic", lambda: now[0])
     bucket = mqttclient.RateLimit(10.0)
     assert bucket.allow() == 10  # a burst of one second's worth
     bucket.take(10)
@@ -250,6 +261,7 @@ def test_rate_limit_token_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
     assert mqttclient.RateLimit(0).allow() > 10**6  # 0 = unlimited
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("via", ["file", "credential"])
 def test_username_and_password_from_a_file_or_a_systemd_credential(
     tmp_path: Path, own_broker: Broker, monkeypatch: pytest.MonkeyPatch, via: str

@@ -50,6 +50,7 @@ def by_name(snap: dict[str, Any], name: str) -> dict[str, Any]:
     return next(p for p in snap["pipelines"] if p["name"] == name)
 
 
+@pytest.mark.integration
 def test_a_dead_source_degrades_status_while_the_other_pipeline_keeps_producing(tmp_path: Path) -> None:
     dying = make_video(tmp_path / "dying.mp4", 10)
     video = make_video(tmp_path / "ok.mp4", 60)
@@ -73,6 +74,7 @@ def test_a_dead_source_degrades_status_while_the_other_pipeline_keeps_producing(
     assert not [t.name for t in threading.enumerate() if t.name.startswith("edged-")]
 
 
+@pytest.mark.integration
 def test_a_model_failing_at_run_time_stops_only_its_pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     video = make_video(tmp_path / "v.mp4", 30)
     loop = {"uri": str(video), "loop": True, "stop_at_end": False}
@@ -191,7 +193,12 @@ def test_run_reports_building_engine_before_ready(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(ort, "get_available_providers", lambda: [TRT, CPU])
     monkeypatch.setattr(trtcache, "tensorrt_version", lambda: "10.3.0")
     events: list[str] = []
-    monkeypatch.setattr("edged.daemon.notify", lambda msg: events.append(msg) or True)
+
+    def notify(msg: str) -> bool:
+        events.append(msg)
+        return True
+
+    monkeypatch.setattr("edged.daemon.notify", notify)
     video = make_video(tmp_path / "v.mp4", 3)
     cfg = base_config(tmp_path, make_tiny_model(tmp_path / "m.onnx"), str(video))
     cfg["pipelines"][0]["model"]["providers"] = [TRT, CPU]

@@ -26,7 +26,7 @@ def rows(state_dir: Path) -> list[dict[str, Any]]:
 
 def blocks_video(path: Path, pattern: list[tuple[int, int]], size: tuple[int, int] = (128, 64)) -> Path:
     """MJPG video of (frames, grey level) blocks: white frames show the detector's boxes, black none."""
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 20.0, size)
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), 20.0, size)
     assert writer.isOpened()
     for count, level in pattern:
         for _ in range(count):
@@ -106,6 +106,7 @@ def test_on_change_in_the_daemon_counts_every_frame_and_numbers_only_published_r
     kept = sorted(p.name for p in (tmp_path / "state" / "snapshots" / "cam0").iterdir())
     assert kept == ["cam0-000000003.jpg", "cam0-000000004.jpg"]
     image = cv2.imread(str(tmp_path / "state" / paths[2]))
+    assert image is not None
     assert image.shape == (64, 128, 3)
 
 
@@ -124,4 +125,5 @@ def test_snapshot_crop_on_detection(tmp_path: Path) -> None:
     msgs = rows(tmp_path / "state")
     assert [("snapshot" in m) for m in msgs] == [True, True, True, False, False]  # only frames with detections
     crop = cv2.imread(str(tmp_path / "state" / msgs[0]["snapshot"]))
+    assert crop is not None
     assert crop.shape[:2] == (16, 32)  # the person's box, 32 x 16 frame pixels

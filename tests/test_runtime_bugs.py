@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import base_config, make_video, wait_for, write_config
 
 from edged.config import config_from_dict
@@ -22,6 +23,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.integration
 def test_backoff_bounds_in_the_wrong_order_fail_check_config_not_run(tmp_path: Path, tiny_model: Path) -> None:
     # `edged run` used to die with a ValueError traceback; check-config passed it
     cfg = base_config(tmp_path, tiny_model, str(tmp_path / "v.mp4"))
@@ -49,6 +51,7 @@ def finish(daemon: Daemon, waiter: threading.Thread) -> None:
     assert not waiter.is_alive()
 
 
+@pytest.mark.integration
 def test_a_raising_result_hook_marks_the_pipeline_failed_and_status_says_why(tmp_path: Path, tiny_model: Path) -> None:
     # the store step ran outside the worker's try: the thread ended, the pipeline still said "running"
     video = make_video(tmp_path / "v.mp4", 30)
@@ -73,14 +76,20 @@ def test_a_raising_result_hook_marks_the_pipeline_failed_and_status_says_why(tmp
         finish(daemon, waiter)  # aftermath: the daemon still stops cleanly (it also stops by itself here)
 
 
-def test_a_reload_that_changes_publish_is_applied_to_the_running_workers(tmp_path: Path, tiny_model: Path) -> None:
-    # "applied" was reported, but the workers kept the filter they were built with
-    video = make_video(tmp_path / "v.mp4", 30)
-    cfg = base_config(tmp_path, tiny_model, str(video), fps=50, loop=True, stop_at_end=False)
-    path = write_config(tmp_path / "edged.yaml", cfg)
+def reloadable_daemon(tmp_path: Path, model: Path) -> tuple[Daemon, dict[str, Any], Path]:
+    """A daemon on a looping video, started from a config file that the test then changes and reloads."""
     from edged.config import load_config
 
-    daemon = Daemon(load_config(path), config_path=path)
+    video = make_video(tmp_path / "v.mp4", 30)
+    cfg = base_config(tmp_path, model, str(video), fps=50, loop=True, stop_at_end=False)
+    path = write_config(tmp_path / "edged.yaml", cfg)
+    return Daemon(load_config(path), config_path=path), cfg, path
+
+
+@pytest.mark.integration
+def test_a_reload_that_changes_publish_is_applied_to_the_running_workers(tmp_path: Path, tiny_model: Path) -> None:
+    # "applied" was reported, but the workers kept the filter they were built with
+    daemon, cfg, path = reloadable_daemon(tmp_path, tiny_model)
     waiter = start(daemon)
     try:
         stats = daemon.pipelines[0].stats
@@ -97,6 +106,7 @@ def test_a_reload_that_changes_publish_is_applied_to_the_running_workers(tmp_pat
         finish(daemon, waiter)
 
 
+@pytest.mark.integration
 def test_a_model_run_would_refuse_fails_check_config_too_and_run_names_the_pipeline(tmp_path: Path) -> None:
     # a model with dynamic input axes and no preprocess size: check-config passed it, run refused it
     # without naming the pipeline
@@ -149,6 +159,7 @@ class SilentCamera:
         return True
 
 
+@pytest.mark.integration
 def test_stop_keeps_one_deadline_and_abandons_a_source_stuck_in_a_read(
     tmp_path: Path, tiny_model: Path, caplog: Any, monkeypatch: Any
 ) -> None:
@@ -186,6 +197,7 @@ def test_stop_keeps_one_deadline_and_abandons_a_source_stuck_in_a_read(
         second.hang.set()
 
 
+@pytest.mark.integration
 def test_a_source_replaced_on_reload_that_will_not_stop_is_detached(
     tmp_path: Path, tiny_model: Path, monkeypatch: Any
 ) -> None:
@@ -214,6 +226,7 @@ def test_a_source_replaced_on_reload_that_will_not_stop_is_detached(
         assert old.is_alive()  # still stuck in its read
         assert old.slot is not rt.slot  # but no longer feeding the pipeline
         assert rt.source is not old
+        assert rt.source is not None
         assert rt.source.slot is rt.slot
         before = rt.stats.frames
         wait_for(lambda: rt.stats.frames > before + 10, 30, "results from the new camera")
@@ -221,3 +234,97 @@ def test_a_source_replaced_on_reload_that_will_not_stop_is_detached(
         stuck.hang.set()
         fresh.hang.set()
         finish(daemon, waiter)
+
+
+@pytest.mark.integration
+def test_a_forced_yolov5_on_a_yolov8_head_fails_check_config_and_run(tmp_path: Path) -> None:
+    # the head [1, 4 + nc, N] read as YOLOv5 [1, N, 5 + nc] published garbage silently (no labels to check)
+    from detect_models import make_detector
+
+    model = make_detector(tmp_path / "v8.onnx", "yolov8", labels=False)
+    cfg = base_config(tmp_path, model, str(make_video(tmp_path / "v.mp4", 3, size=(64, 64))))
+    cfg["pipelines"][0]["postprocess"] = {"type": "detect", "format": "yolov5"}
+    path = write_config(tmp_path / "edged.yaml", cfg)
+    checked = run_cli("check-config", str(path))
+    assert checked.returncode == 1
+    (problem,) = checked.stderr.strip().splitlines()
+    assert 'pipelines[0].postprocess={"type": "detect", "format": "yolov5"}' in problem
+    assert "set format: yolov8" in problem
+    ran = run_cli("run", "--config", str(path))
+    assert ran.returncode == 1
+    assert "set format: yolov8" in ran.stderr
+    cfg["pipelines"][0]["postprocess"]["format"] = "auto"  # aftermath: the same head, read right, passes
+    assert run_cli("check-config", str(write_config(path, cfg))).returncode == 0
+
+
+class ExplodingCamera:
+    """A capture whose read() raises something no source handles (a driver bug): the thread body dies."""
+
+    def isOpened(self) -> bool:  # noqa: N802  (OpenCV's name)
+        return True
+
+    def read(self) -> tuple[bool, Any]:
+        raise RuntimeError("driver bug")
+
+    def release(self) -> None:
+        pass
+
+
+def test_a_source_thread_that_dies_marks_its_pipeline_failed_and_the_status_says_why(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    # a source body that raised ended its thread silently: the pipeline stayed "running" with no frames
+    cfg = base_config(tmp_path, tiny_model, "/dev/video9", stop_at_end=False)
+    daemon = Daemon(config_from_dict(cfg), source_kwargs={"capture_factory": lambda _c: ExplodingCamera()})
+    waiter = start(daemon)
+    try:
+        runner = daemon.pipelines[0]
+        wait_for(lambda: runner.stats.state == "failed", 30, "the pipeline marked failed")
+        assert "source thread died: RuntimeError: driver bug" in (runner.stats.error or "")
+        snapshot = daemon.snapshot()
+        assert snapshot["state"] == "degraded"
+        assert "pipeline cam0 failed" in snapshot["reasons"]
+        assert "thread edged-source-cam0 died: RuntimeError: driver bug" in snapshot["reasons"]
+        waiter.join(30)  # aftermath: its workers finished, every pipeline ended, so wait() returned
+        assert not waiter.is_alive()
+    finally:
+        finish(daemon, waiter)
+
+
+@pytest.mark.integration
+def test_reload_names_every_change_applied_or_needing_a_restart(tmp_path: Path, tiny_model: Path) -> None:
+    # a reload said "applied" while some changes were silently kept as they were
+    import logging
+
+    daemon, cfg, path = reloadable_daemon(tmp_path, tiny_model)
+    level = logging.getLogger().level
+    waiter = start(daemon)
+    try:
+        cfg["log_level"] = "warning"
+        cfg["mqtt"]["keepalive_s"] = 60
+        cfg["pipelines"][0]["model"]["threads"] = 2
+        cfg["pipelines"][0]["publish"] = {"mode": "on_change"}
+        cfg["pipelines"][0]["snapshot"] = {"enabled": True}
+        write_config(path, cfg)
+        assert daemon.reloader.reload()
+        notes = daemon.reloader.status()["notes"]
+        assert "mqtt changed: takes effect after a restart" in notes
+        assert "pipeline cam0: threads/concurrency take effect after a restart" in notes
+        assert any("publish/snapshot settings applied" in n for n in notes)
+        assert "log_level warning applied" in notes
+        runner = daemon.pipelines[0]
+        assert runner.cfg.publish.mode == "on_change"
+        assert runner.cfg.model.threads == 0  # what runs is what the config of the daemon says
+        assert runner.outlet is not None
+        assert runner.outlet.snapshots is not None
+        # aftermath: results still flow, and the next reload with nothing new changes nothing
+        before = runner.stats.frames
+        wait_for(lambda: runner.stats.frames > before + 5, 30, "results after the reload")
+        assert daemon.reloader.reload()
+        assert daemon.reloader.status()["notes"] == [
+            "mqtt changed: takes effect after a restart",
+            "pipeline cam0: threads/concurrency take effect after a restart",
+        ]
+    finally:
+        finish(daemon, waiter)
+        logging.getLogger().setLevel(level)

@@ -95,6 +95,7 @@ def lines(rows: list[list[float]]) -> bytes:
     return "".join(",".join(str(v) for v in row) + "\n" for row in rows).encode()
 
 
+@pytest.mark.integration
 def test_serial_pty_raw_mode_baud_and_device_gone(running: list[Running]) -> None:
     master, slave = os.openpty()
     try:
@@ -117,6 +118,7 @@ def test_serial_pty_raw_mode_baud_and_device_gone(running: list[Running]) -> Non
     running.remove(r)
 
 
+@pytest.mark.integration
 def test_fifo_created_survives_writers_and_goes_waiting_when_stalled(tmp_path: Path, running: list[Running]) -> None:
     fifo = tmp_path / "in.fifo"
     r = start(running, transport="fifo", path=str(fifo), format="json", channels=["b", "a"], stall_s=0.3)
@@ -131,6 +133,7 @@ def test_fifo_created_survives_writers_and_goes_waiting_when_stalled(tmp_path: P
     assert r.stats.reconnects == 0
 
 
+@pytest.mark.integration
 def test_tail_reads_appended_lines_and_follows_truncation(tmp_path: Path, running: list[Running]) -> None:
     path = tmp_path / "log.csv"
     path.write_bytes(lines([[99, 99]] * 3))  # already there: not read
@@ -144,6 +147,7 @@ def test_tail_reads_appended_lines_and_follows_truncation(tmp_path: Path, runnin
     assert r.stats.malformed == 0
 
 
+@pytest.mark.integration
 def test_command_is_restarted_with_backoff_when_it_exits(
     running: list[Running], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -154,6 +158,7 @@ def test_command_is_restarted_with_backoff_when_it_exits(
     assert "command exited with status 0; reconnecting with backoff" in caplog.text
 
 
+@pytest.mark.integration
 def test_stop_terminates_a_command_that_keeps_running(running: list[Running]) -> None:
     script = "import time\nprint('1,2', flush=True)\ntime.sleep(120)"
     r = start(running, transport="command", command=[sys.executable, "-c", script])
@@ -165,6 +170,7 @@ def test_stop_terminates_a_command_that_keeps_running(running: list[Running]) ->
     assert transport.proc.returncode is not None  # not left behind
 
 
+@pytest.mark.integration
 def test_udp_binary_records_and_malformed_datagrams(running: list[Running]) -> None:
     r = start(
         running,
@@ -187,6 +193,7 @@ def test_udp_binary_records_and_malformed_datagrams(running: list[Running]) -> N
     assert r.stats.frames_captured == 1
 
 
+@pytest.mark.integration
 def test_malformed_lines_are_counted_and_never_stop_the_source(tmp_path: Path, running: list[Running]) -> None:
     path = tmp_path / "in.csv"
     path.touch()
@@ -212,6 +219,7 @@ def vib_pipeline(**source: Any) -> dict[str, Any]:
     }
 
 
+@pytest.mark.integration
 def test_vibration_model_end_to_end_through_the_daemon(tmp_path: Path) -> None:
     fifo = tmp_path / "vib.fifo"
     cfg = config_from_dict(
@@ -272,6 +280,7 @@ def test_window_that_does_not_fit_the_model_is_a_clear_start_up_error(tmp_path: 
         Daemon(cfg).start()
 
 
+@pytest.mark.integration
 def test_edged_run_reports_a_silent_sensor_as_waiting_and_stops_on_sigterm(tmp_path: Path, start_daemon: Any) -> None:
     config = write_config(
         tmp_path / "edged.yaml",

@@ -83,7 +83,7 @@ def test_loop_restarts_the_file(tmp_path: Path) -> None:
     slot, stats = FrameSlot(), PipelineStats("p", str(video))
     src = CameraSource(camera(str(video), loop=True), slot=slot, stats=stats)
     src.start()
-    seen = []
+    seen: list[int] = []
     while len(seen) < 12:
         frame = slot.get(1.0)
         assert frame is not None
@@ -94,6 +94,7 @@ def test_loop_restarts_the_file(tmp_path: Path) -> None:
     assert stats.reconnects == 0
 
 
+@pytest.mark.integration
 def test_vanished_path_reconnects_with_backoff_and_stops_cleanly(tmp_path: Path) -> None:
     missing = tmp_path / "gone.mp4"
     slot, stats = FrameSlot(), PipelineStats("p", str(missing))
@@ -165,6 +166,7 @@ class FakeCamera:
         self.released = True
 
 
+@pytest.mark.integration
 def test_slow_model_never_makes_a_live_source_lag() -> None:
     slot, stats = FrameSlot(), PipelineStats("p", "/dev/video0")
     src = CameraSource(camera("/dev/video0"), slot=slot, stats=stats, capture_factory=lambda _c: FakeCamera())
@@ -182,6 +184,7 @@ def test_slow_model_never_makes_a_live_source_lag() -> None:
     assert (gaps > 1).all()  # each take skipped to the latest frame
 
 
+@pytest.mark.integration
 def test_live_source_failure_reconnects_without_busy_looping() -> None:
     opened = []
 
@@ -226,6 +229,7 @@ def test_backoff_is_capped_exponential_with_jitter() -> None:
     assert b.next_delay() <= 0.5
 
 
+@pytest.mark.integration
 def test_http_stream_is_read_through_ffmpeg_and_reconnected_when_it_ends(tmp_path: Path) -> None:
     # a real HTTP server on loopback stands in for an IP camera's stream
     import functools

@@ -52,8 +52,9 @@ def test_commits_a_partial_batch_when_batch_ms_passes(tmp_path: Path) -> None:
 
 def test_wal_mode_and_sync_setting(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "s.db", SpoolConfig(sync="full"))
-    assert spool._wconn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert spool._wconn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    conn = spool._wconn  # noqa: SLF001  (synchronous is a setting of the writer's own connection)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     spool.close()
 
 
@@ -166,7 +167,7 @@ def test_ttl_runs_on_a_clock_that_ignores_wall_clock_jumps(tmp_path: Path, monke
     add_sized(spool, 1)
     assert spool.stats()["depth"] == 4
     # the spool clock moving past the TTL does expire them (stands in for an hour of running)
-    monkeypatch.setattr(spool, "_clock_base", spool._clock_base + 3601)
+    monkeypatch.setattr(spool, "_clock_base", spool._clock_base + 3601)  # noqa: SLF001  (an hour passes)
     add_sized(spool, 1)
     stats = spool.stats()
     assert stats["dropped_by_reason"] == {"expired": 4}
@@ -176,7 +177,7 @@ def test_ttl_runs_on_a_clock_that_ignores_wall_clock_jumps(tmp_path: Path, monke
 
 def test_the_spool_clock_persists_across_restarts(tmp_path: Path) -> None:
     spool = policy_spool(tmp_path)
-    spool._clock_base = 1000.0
+    spool._clock_base = 1000.0  # noqa: SLF001  (the spool clock, set to a known value)
     add_sized(spool, 1)
     spool.close()
     again = Spool(tmp_path / "s.db")
@@ -356,6 +357,7 @@ def crash_copy(tmp_path: Path, name: str) -> Path:
     return crash / "s.db"
 
 
+@pytest.mark.integration
 def test_a_crash_between_publish_and_commit_never_reuses_a_seq(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=60_000))
     spool.start()
@@ -386,6 +388,7 @@ def test_seq_survives_a_rolled_back_wal(tmp_path: Path) -> None:
     again.close()
 
 
+@pytest.mark.integration
 def test_a_locked_database_is_waited_for_and_never_moved_aside(tmp_path: Path) -> None:
     from edged.store import spooldb
 

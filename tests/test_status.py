@@ -46,6 +46,7 @@ def test_a_stale_socket_is_replaced_and_a_live_one_refused(tmp_path: Path) -> No
         server.stop()
 
 
+@pytest.mark.integration
 def test_a_client_that_keeps_sending_cannot_hold_the_status_thread(tmp_path: Path) -> None:
     """A client that trickles bytes and never closes is cut off after the per-client deadline; the next
     client is answered while the first one is still trying (before, the server read it for ever)."""
@@ -177,6 +178,7 @@ def test_exit_codes_and_table_render(capsys: pytest.CaptureFixture[str]) -> None
     assert "\x1b[" not in out  # no colour codes off a TTY
 
 
+@pytest.mark.integration
 def test_sd_notify_ready_only_after_warmup_and_every_thread_stops(tmp_path: Path, tiny_model: Path) -> None:
     # a datagram socket stands in for systemd's NOTIFY_SOCKET
     notify_path = tmp_path / "notify"

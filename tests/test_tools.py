@@ -100,6 +100,7 @@ def test_a_missing_source_is_a_clear_error(tmp_path: Path) -> None:
 # -- quantize -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_quantize_writes_a_qdq_model_that_runs_and_keeps_metadata(fp32: Path, int8: Path, calib: Path) -> None:
     model = onnx.load(str(int8))
     ops = {n.op_type for n in model.graph.node}
@@ -116,6 +117,7 @@ def test_quantize_writes_a_qdq_model_that_runs_and_keeps_metadata(fp32: Path, in
     assert run_once(int8, x).shape == (1, 6)
 
 
+@pytest.mark.integration
 def test_quantize_upgrades_an_old_opset_and_says_so(tmp_path: Path, calib: Path) -> None:
     old = make_conv_model(tmp_path / "old.onnx", opset=11)
     report = quantize_model(old, tmp_path / "old.int8.onnx", QuantizeOptions(calib=calib, progress=False))
@@ -127,6 +129,7 @@ def test_quantize_upgrades_an_old_opset_and_says_so(tmp_path: Path, calib: Path)
     assert run_once(tmp_path / "old.int8.onnx", x).shape == (1, 6)
 
 
+@pytest.mark.integration
 def test_quantize_cli_pins_dynamic_axes_from_shape(tmp_path: Path, calib: Path) -> None:
     dyn = make_conv_model(tmp_path / "dyn.onnx", dynamic=True, metadata=False)
     out = tmp_path / "dyn.int8.onnx"
@@ -149,6 +152,7 @@ def test_quantize_a_dynamic_model_without_a_size_asks_for_one(tmp_path: Path, ca
         quantize_model(dyn, tmp_path / "o.onnx", QuantizeOptions(calib=calib, progress=False))
 
 
+@pytest.mark.integration
 def test_quantize_refuses_to_overwrite_its_input(fp32: Path, calib: Path) -> None:
     before = file_sha256(fp32)
     proc = edged("quantize", fp32, "-o", fp32, "--calib", calib)
@@ -174,6 +178,7 @@ def test_without_onnx_the_tools_say_how_to_install_it(monkeypatch: pytest.Monkey
 # -- validate -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_validate_passes_a_good_int8_model(fp32: Path, int8: Path, held_out: Path) -> None:
     proc = edged("validate", fp32, int8, "--data", held_out, "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -186,6 +191,7 @@ def test_validate_passes_a_good_int8_model(fp32: Path, int8: Path, held_out: Pat
     assert "never give bit-identical" in report["note"]  # ... and the report says so
 
 
+@pytest.mark.integration
 def test_validate_fails_a_damaged_model_with_exit_1(tmp_path: Path, fp32: Path, held_out: Path) -> None:
     damaged = make_conv_model(tmp_path / "damaged.onnx", damage=True)
     proc = edged("validate", fp32, damaged, "--data", held_out)
@@ -208,6 +214,7 @@ def test_validate_thresholds_and_allclose(fp32: Path, int8: Path, held_out: Path
 # -- inspect ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_inspect_reports_dynamic_axes_and_opset(tmp_path: Path) -> None:
     dyn = make_conv_model(tmp_path / "dyn11.onnx", dynamic=True, opset=11)
     proc = edged("inspect", dyn, "--json")
@@ -224,6 +231,7 @@ def test_inspect_reports_dynamic_axes_and_opset(tmp_path: Path) -> None:
     assert any("opset 11" in w for w in report["warnings"])
 
 
+@pytest.mark.integration
 def test_inspect_table_names_the_quantization(int8: Path) -> None:
     proc = edged("inspect", int8)
     assert proc.returncode == 0, proc.stderr
@@ -234,6 +242,7 @@ def test_inspect_table_names_the_quantization(int8: Path) -> None:
 # -- bench --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_bench_json_has_percentiles_per_model_provider_and_threads(fp32: Path, int8: Path, tmp_path: Path) -> None:
     proc = edged("bench", fp32, int8, "--runs", "5", "--warmup", "1", "--threads", "1,2", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -254,6 +263,7 @@ def test_bench_json_has_percentiles_per_model_provider_and_threads(fp32: Path, i
     assert {"p50_speedup", "size_ratio", "throughput_ratio"} <= report["comparison"][0].keys()
 
 
+@pytest.mark.integration
 def test_bench_plot_is_skipped_with_a_message_without_matplotlib(fp32: Path, tmp_path: Path) -> None:
     # matplotlib is hidden from this one process (None in sys.modules makes its import fail), as on a
     # device without the `plot` extra
@@ -303,6 +313,7 @@ def test_quantize_survives_a_failing_quant_pre_process(
     assert run_once(tmp_path / "q.onnx", np.zeros((1, 3, SIZE, SIZE), np.float32)).shape == (1, 6)
 
 
+@pytest.mark.integration
 def test_budget_measures_the_edge_latency_of_a_model(fp32: Path) -> None:
     proc = edged("budget", "--model", fp32, "--preset", "wifi", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -339,6 +350,7 @@ def test_preprocessing_comes_from_a_pipeline_config_then_the_flag(tmp_path: Path
         preprocess_overrides(cfg, "cam9", None)
 
 
+@pytest.mark.integration
 def test_bench_plot_writes_a_png_with_matplotlib(fp32: Path, tmp_path: Path) -> None:
     from edged.tools.bench import plot_bench  # matplotlib: the optional `plot` extra, installed by `dev`
 
@@ -347,6 +359,7 @@ def test_bench_plot_writes_a_png_with_matplotlib(fp32: Path, tmp_path: Path) -> 
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.integration
 def test_record_saves_frames_from_a_pipeline_source_for_calibration(tmp_path: Path) -> None:
     import numpy as np
     from conftest import base_config, make_tiny_model, make_video, write_config

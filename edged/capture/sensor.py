@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from edged.capture.base import SOURCES, Frame, FrameSlot, Preparer, Source
 from edged.capture.sensor_io import (
@@ -42,6 +42,7 @@ from edged.capture.sensor_parse import (
 )
 from edged.core.backoff import Backoff
 from edged.core.errors import SourceError
+from edged.core.settings import Strict, check_order
 from edged.core.stats import PipelineStats
 
 log = logging.getLogger(__name__)
@@ -71,10 +72,8 @@ class Windowing:
     hop: int
 
 
-class SensorSourceConfig(BaseModel):
+class SensorSourceConfig(Strict):
     """Samples from a sensor, cut into windows. Keys not given for windowing come from the model."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: Literal["sensor"] = Field(description="Source type key.")
     transport: Transports = Field(
@@ -165,8 +164,7 @@ class SensorSourceConfig(BaseModel):
             if key in given and self.format != fmt:
                 raise ValueError(f"{key} applies to format {fmt}, not {self.format}")
         self._check_format()
-        if self.reconnect_max_s < self.reconnect_min_s:
-            raise ValueError("reconnect_max_s must be >= reconnect_min_s")
+        check_order(self, "reconnect_min_s", "reconnect_max_s")
         return self
 
     def _check_format(self) -> None:

@@ -55,13 +55,19 @@ class Registry(Generic[F]):
         """The pydantic type of the config key: a union of every registered config model, told apart by
         `key_field` (a single model stands alone: a discriminator needs a union)."""
         self.load_builtins()
-        models = list(self.configs.values())
+        models = [self.configs[key] for key in self.ordered_keys()]
         if len(models) == 1:
             return models[0]
         if self.default_key is None:
             return Annotated[reduce(or_, models), Field(discriminator=self.key_field)]
-        tagged = [Annotated[model, Tag(key)] for key, model in self.configs.items()]
+        tagged = [Annotated[self.configs[key], Tag(key)] for key in self.ordered_keys()]
         return Annotated[reduce(or_, tagged), Discriminator(self._key_of)]
+
+    def ordered_keys(self) -> list[str]:
+        """The type keys, built-in parts first in the order their modules are listed (a stable schema and
+        README whatever the import order was), then the others as they registered."""
+        rank = {module: i for i, module in enumerate(self.builtins)}
+        return sorted(self.configs, key=lambda k: rank.get(self.factories[k].__module__, len(rank)))
 
     def _key_of(self, value: Any) -> Any:
         if isinstance(value, dict):

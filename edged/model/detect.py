@@ -37,7 +37,7 @@ MAX_CANDIDATES = 4096  # boxes that enter NMS at most (best scores first)
 class DetectConfig(Strict):
     """Object detection: YOLO-style heads or models that output boxes themselves; see edged/model/detect.py."""
 
-    type: Literal["detect"]
+    type: Literal["detect"] = Field(description="Postprocessor type key.")
     format: Literal["auto", "yolov5", "yolov8", "boxes"] = Field(
         "auto",
         description="Head family. yolov5: [1, N, 5+nc] with objectness; yolov8 (also YOLO11): [1, 4+nc, N] "
@@ -219,15 +219,10 @@ class Detect:
             scores = scores * a[:, 4]
         return xyxy, scores.astype(np.float32), idx.astype(np.int64)
 
-    def _decode_boxes(self, outputs: list[npt.NDArray[Any]]) -> tuple[Array, Array, npt.NDArray[np.int64]]:
-        if len(outputs) == 1:
-            a = np.asarray(outputs[0], dtype=np.float32)
-            a = a.reshape(-1, a.shape[-1])
-            if a.shape[1] < 6:
-                raise ModelError(
-                    f"detect: a boxes output must be [N, 6] (x1, y1, x2, y2, score, class), got {list(a.shape)}"
-                )
-            return a[:, :4].copy(), a[:, 4].copy(), a[:, 5].astype(np.int64)
+    def _split_outputs(
+        self, outputs: list[npt.NDArray[Any]]
+    ) -> tuple[Array | None, Array | None, npt.NDArray[np.int64] | None, int | None, list[npt.NDArray[Any]]]:
+        """Separate outputs by name (or a boxes-like shape): boxes, scores, classes, count, the rest."""
         boxes = scores = classes = None
         count: int | None = None
         rest: list[npt.NDArray[Any]] = []
@@ -243,6 +238,18 @@ class Detect:
                 classes = arr.reshape(-1).astype(np.int64)
             else:
                 rest.append(arr)
+        return boxes, scores, classes, count, rest
+
+    def _decode_boxes(self, outputs: list[npt.NDArray[Any]]) -> tuple[Array, Array, npt.NDArray[np.int64]]:
+        if len(outputs) == 1:
+            a = np.asarray(outputs[0], dtype=np.float32)
+            a = a.reshape(-1, a.shape[-1])
+            if a.shape[1] < 6:
+                raise ModelError(
+                    f"detect: a boxes output must be [N, 6] (x1, y1, x2, y2, score, class), got {list(a.shape)}"
+                )
+            return a[:, :4].copy(), a[:, 4].copy(), a[:, 5].astype(np.int64)
+        boxes, scores, classes, count, rest = self._split_outputs(outputs)
         if scores is None and rest:
             scores = rest.pop(0).astype(np.float32).reshape(-1)
         if classes is None:

@@ -21,7 +21,7 @@ LABELS_KEY = "edged.labels"
 class ClassifyConfig(Strict):
     """Classification: softmax if the model gives logits, top-k with labels."""
 
-    type: Literal["classify"]
+    type: Literal["classify"] = Field(description="Postprocessor type key.")
     top_k: int = Field(3, ge=1, le=1000, description="How many classes to report.")
     labels: Path | None = Field(None, description="Text file, one label per line; default: model metadata.")
     softmax: Literal["auto", "always", "never"] = Field(
@@ -32,7 +32,7 @@ class ClassifyConfig(Strict):
 class RawConfig(Strict):
     """Raw outputs: shape, dtype and summary per output; values included up to a cap."""
 
-    type: Literal["raw"]
+    type: Literal["raw"] = Field(description="Postprocessor type key.")
     max_values: int = Field(64, ge=0, description="Include at most this many values per output.")
 
 
@@ -135,18 +135,6 @@ class Raw:
         return {"outputs": items}
 
 
-@POSTPROCESSORS.register("raw", RawConfig)
-def make_raw(
-    cfg: RawConfig,
-    output_names: list[str],
-    output_shapes: list[list[Any]],  # noqa: ARG001  (every factory takes the same arguments)
-    metadata: dict[str, str],  # noqa: ARG001
-    input_size: tuple[int, int] | None,  # noqa: ARG001
-) -> Postprocessor:
-    """`raw`: every output summarised."""
-    return Raw(cfg, output_names)
-
-
 @POSTPROCESSORS.register("classify", ClassifyConfig)
 def make_classify(
     cfg: ClassifyConfig,
@@ -164,6 +152,18 @@ def make_classify(
             f"{len(labels)} labels for a model with {classes} classes; fix postprocess.labels or the model"
         )
     return Classify(cfg, labels)
+
+
+@POSTPROCESSORS.register("raw", RawConfig)
+def make_raw(
+    cfg: RawConfig,
+    output_names: list[str],
+    output_shapes: list[list[Any]],  # noqa: ARG001  (every factory takes the same arguments)
+    metadata: dict[str, str],  # noqa: ARG001
+    input_size: tuple[int, int] | None,  # noqa: ARG001
+) -> Postprocessor:
+    """`raw`: every output summarised."""
+    return Raw(cfg, output_names)
 
 
 def make_postprocessor(

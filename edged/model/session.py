@@ -179,6 +179,21 @@ def load_problem(path: Path) -> str | None:
     return None
 
 
+def _check_provider(cfg: ModelConfig, used: str, available: list[str]) -> None:
+    """`require_provider`: refuse a session that did not get the first provider; else say it (a warning
+    when the config named the providers, INFO for the default list on a machine without a GPU)."""
+    want = cfg.providers[0]
+    if used == want:
+        return
+    msg = f"model {cfg.path.name}: asked for {want} but the session runs on {used} (available: {available})"
+    if cfg.require_provider:
+        raise ProviderError(msg + "; require_provider is true, so edged will not start")
+    if "providers" in cfg.model_fields_set:  # the config asked for it: worth a warning
+        log.warning("%s; falling back", msg)
+    else:  # the default list on a machine without a GPU (a Pi): what is expected, said once
+        log.info("model %s: runs on %s (the default provider list; %s not offered here)", cfg.path.name, used, want)
+
+
 def load_model(cfg: ModelConfig, state_dir: Path, *, cores: int | None = None) -> LoadedModel:
     """Build the session, read back the providers it really uses, and apply `require_provider`.
 
@@ -217,15 +232,7 @@ def load_model(cfg: ModelConfig, state_dir: Path, *, cores: int | None = None) -
             "wrong file, or an opset this onnxruntime does not support); copy or export it again"
         ) from exc
     used = list(session.get_providers())
-    want = cfg.providers[0]
-    if used[0] != want:
-        msg = f"model {path.name}: asked for {want} but the session runs on {used[0]} (available: {available})"
-        if cfg.require_provider:
-            raise ProviderError(msg + "; require_provider is true, so edged will not start")
-        if "providers" in cfg.model_fields_set:  # the config asked for it: worth a warning
-            log.warning("%s; falling back", msg)
-        else:  # the default list on a machine without a GPU (a Pi): what is expected, said once
-            log.info("model %s: runs on %s (the default provider list; %s not offered here)", path.name, used[0], want)
+    _check_provider(cfg, used[0], available)
     inp = session.get_inputs()[0]
     meta = session.get_modelmeta()
     metadata = dict(meta.custom_metadata_map)

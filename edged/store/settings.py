@@ -25,8 +25,13 @@ class SpoolConfig(Strict):
         description="... or once the oldest has waited this many milliseconds, first wins. A result the broker "
         "acknowledged before then is never written; kill -9 loses at most this window of unacknowledged results.",
     )
-    max_bytes: Size = Field(256 * 2**20, description="Stored payload bytes at most (never more than the disk holds).")
-    max_age: Duration = Field(7 * 86400.0, description="TTL, e.g. 7d: older results are dropped (counted).")
+    max_bytes: Size = Field(
+        256 * 2**20,
+        description="Stored payload bytes at most (never more than the disk holds); bytes, or 256MB / 256MiB.",
+    )
+    max_age: Duration = Field(
+        7 * 86400.0, description="TTL: older results are dropped (counted); seconds, or 45s / 30m / 12h / 7d."
+    )
     on_full: Literal["drop_oldest", "drop_newest"] = Field("drop_oldest", description="What gives way when full.")
     min_free_bytes: Size = Field(64 * 2**20, description="Free space the spool leaves on the filesystem.")
     ballast_bytes: Size = Field(16 * 2**20, description="Ballast released on a full disk so SQLite can evict.")

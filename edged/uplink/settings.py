@@ -54,7 +54,7 @@ class MqttConfig(Strict):
 
     enabled: bool = Field(True, description="false: only spool (results wait on disk).")
     host: str = Field("localhost", description="Broker host name or address.")
-    port: int = Field(1883, ge=1, le=65535)
+    port: int = Field(1883, ge=1, le=65535, description="Broker port (8883 is usual with TLS).")
     protocol: Literal["3.1.1", "5"] = Field("5", description="MQTT protocol version.")
 
     @field_validator("protocol", mode="before")
@@ -64,12 +64,23 @@ class MqttConfig(Strict):
 
     qos: Literal[0, 1] = Field(1, description="1 = at-least-once: rows leave the spool on PUBACK only.")
     client_id: str | None = Field(None, description="Default edged-<device_id>.")
-    keepalive_s: int = Field(30, ge=5, le=3600)
-    topic: str = Field("edged/{device_id}/{pipeline}/results", description="Result topic template.")
+    keepalive_s: int = Field(30, ge=5, le=3600, description="MQTT keep-alive interval.")
+    topic: str = Field(
+        "edged/{device_id}/{pipeline}/results",
+        description="Result topic template. Every topic is checked: not empty, no + or #, not under $ (the "
+        "broker's), at most 65,535 UTF-8 bytes with 64-character names.",
+    )
     availability_topic: str = Field("edged/{device_id}/status", description="Retained online/offline.")
-    max_inflight: int = Field(32, ge=1, le=1000, description="Unacknowledged messages at most.")
-    reconnect_min_s: float = Field(0.5, gt=0)
-    reconnect_max_s: float = Field(30.0, gt=0)
+    max_inflight: int = Field(
+        32,
+        ge=1,
+        le=1000,
+        description="Unacknowledged messages at most (every result stays in the spool until acknowledged).",
+    )
+    reconnect_min_s: float = Field(
+        0.5, gt=0, description="First reconnect delay (capped exponential backoff with jitter)."
+    )
+    reconnect_max_s: float = Field(30.0, gt=0, description="Cap of the reconnect delay; at least reconnect_min_s.")
     shutdown_grace_s: float = Field(3.0, ge=0, description="On stop, publish what can go within this.")
     tls: TlsConfig | None = Field(None, description="Connect with TLS (port 8883 usually).")
     username: str | None = Field(None, description="MQTT user name.")
