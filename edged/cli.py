@@ -119,13 +119,18 @@ def _quantize_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     q.add_argument("-o", "--output", type=Path, required=True, help="the int8 .onnx to write (not the input)")
     q.add_argument("--calib", type=Path, required=True, help="folder of images, video file, or .npz of frames")
     q.add_argument("--calib-limit", type=int, default=256, help="use at most this many frames (default 256)")
+    q.add_argument("--recipe", help="a fixed recipe by name (no search); see the README's toolchain section")
     q.add_argument(
-        "--method", choices=CALIBRATION_METHODS, default="minmax", help="calibration method (default minmax)"
+        "--target",
+        choices=("auto", "cpu", "tensorrt"),
+        default="auto",
+        help="which recipes to try (default auto: tensorrt where TensorRT is offered, else cpu)",
     )
-    q.add_argument(
-        "--activation-type", choices=QUANT_TYPES, default="int8", help="default int8 (symmetric, for TensorRT)"
-    )
-    q.add_argument("--weight-type", choices=QUANT_TYPES, default="int8", help="default int8 (symmetric)")
+    q.add_argument("--accept-slower", action="store_true", help="write the best int8 model even if fp32 is faster")
+    q.add_argument("--labels", help="write edged.labels: a text file (one label per line) or a,b,c")
+    q.add_argument("--method", choices=CALIBRATION_METHODS, help="fixed recipe: calibration method (minmax)")
+    q.add_argument("--activation-type", choices=QUANT_TYPES, help="fixed recipe: int8 (symmetric) or uint8")
+    q.add_argument("--weight-type", choices=QUANT_TYPES, help="fixed recipe: int8 (symmetric) or uint8")
     q.add_argument("--per-tensor", action="store_true", help="per-tensor weights instead of per-channel")
     q.add_argument("--asymmetric-activations", action="store_true", help="activation zero points other than 0")
     q.add_argument(
@@ -157,10 +162,12 @@ def _validate_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     v.add_argument("--require-allclose", action="store_true", help="fail unless np.allclose holds everywhere")
     v.add_argument(
         "--task",
-        choices=("auto", "classify", "raw"),
+        choices=("auto", "classify", "dense", "raw"),
         default="auto",
-        help="auto: classifier if the first output has >1 value",
+        help="auto: from the first output's shape: class scores [1, C], a dense map [1, C, H, W], else raw",
     )
+    v.add_argument("--min-mask-iou", type=float, default=0.9, help="dense maps: mask IoU (default 0.9)")
+    v.add_argument("--mask-threshold", type=float, default=0.5, help="dense maps: pixel on above (default 0.5)")
     v.add_argument("--ref-provider", default="CPUExecutionProvider", help="provider of the reference")
     v.add_argument("--provider", default="CPUExecutionProvider", help="provider of the candidate")
     v.add_argument("--json", action="store_true", help="machine-readable report")

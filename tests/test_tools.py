@@ -56,7 +56,7 @@ def fp32(work: Path) -> Path:
 @pytest.fixture(scope="module")
 def int8(work: Path, fp32: Path, calib: Path) -> Path:
     out = work / "conv.int8.onnx"
-    quantize_model(fp32, out, QuantizeOptions(calib=calib, progress=False))
+    quantize_model(fp32, out, QuantizeOptions(calib=calib, progress=False, search=False))
     return out
 
 
@@ -120,7 +120,7 @@ def test_quantize_writes_a_qdq_model_that_runs_and_keeps_metadata(fp32: Path, in
 @pytest.mark.integration
 def test_quantize_upgrades_an_old_opset_and_says_so(tmp_path: Path, calib: Path) -> None:
     old = make_conv_model(tmp_path / "old.onnx", opset=11)
-    report = quantize_model(old, tmp_path / "old.int8.onnx", QuantizeOptions(calib=calib, progress=False))
+    report = quantize_model(old, tmp_path / "old.int8.onnx", QuantizeOptions(calib=calib, progress=False, search=False))
     assert any("from opset 11 to 13" in n for n in report["notes"])
     out = onnx.load(str(tmp_path / "old.int8.onnx"))
     assert next(op.version for op in out.opset_import if op.domain in ("", "ai.onnx")) >= 13
@@ -135,7 +135,19 @@ def test_quantize_cli_pins_dynamic_axes_from_shape(tmp_path: Path, calib: Path) 
     out = tmp_path / "dyn.int8.onnx"
     pre = json.dumps({"size": [SIZE, SIZE], "mean": [0.5], "std": [0.25]})
     proc = edged(
-        "quantize", dyn, "-o", out, "--calib", calib, "--shape", f"1,3,{SIZE},{SIZE}", "--preprocess", pre, "--json"
+        "quantize",
+        dyn,
+        "-o",
+        out,
+        "--calib",
+        calib,
+        "--shape",
+        f"1,3,{SIZE},{SIZE}",
+        "--preprocess",
+        pre,
+        "--json",
+        "--recipe",
+        "s8-sym",
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
@@ -149,7 +161,7 @@ def test_quantize_cli_pins_dynamic_axes_from_shape(tmp_path: Path, calib: Path) 
 def test_quantize_a_dynamic_model_without_a_size_asks_for_one(tmp_path: Path, calib: Path) -> None:
     dyn = make_conv_model(tmp_path / "dyn.onnx", dynamic=True, metadata=False)
     with pytest.raises(ToolError, match="--shape"):
-        quantize_model(dyn, tmp_path / "o.onnx", QuantizeOptions(calib=calib, progress=False))
+        quantize_model(dyn, tmp_path / "o.onnx", QuantizeOptions(calib=calib, progress=False, search=False))
 
 
 @pytest.mark.integration
@@ -163,7 +175,9 @@ def test_quantize_refuses_to_overwrite_its_input(fp32: Path, calib: Path) -> Non
 
 @pytest.mark.parametrize("method", ["entropy", "percentile"])
 def test_other_calibration_methods_and_uint8_activations(tmp_path: Path, fp32: Path, calib: Path, method: str) -> None:
-    opts = QuantizeOptions(calib=calib, method=method, activation_type="uint8", per_channel=False, progress=False)
+    opts = QuantizeOptions(
+        calib=calib, method=method, activation_type="uint8", per_channel=False, progress=False, search=False
+    )
     report = quantize_model(fp32, tmp_path / "q.onnx", opts)
     assert report["quantization"]["activation_symmetric"] is False  # uint8 activations keep their zero points
     assert inspect_model(tmp_path / "q.onnx")["quantization"]["granularity"] == "per-tensor"
@@ -307,7 +321,7 @@ def test_quantize_survives_a_failing_quant_pre_process(
         raise RuntimeError("symbolic shape inference failed on a Reshape")
 
     monkeypatch.setattr(shape_inference, "quant_pre_process", broken)
-    report = quantize_model(fp32, tmp_path / "q.onnx", QuantizeOptions(calib=calib, progress=False))
+    report = quantize_model(fp32, tmp_path / "q.onnx", QuantizeOptions(calib=calib, progress=False, search=False))
     assert len(calls) == 3  # full, without symbolic shape inference, shape inference only
     assert "quant_pre_process failed; quantized the model without pre-processing" in report["notes"]
     assert run_once(tmp_path / "q.onnx", np.zeros((1, 3, SIZE, SIZE), np.float32)).shape == (1, 6)
@@ -378,7 +392,8 @@ def test_record_saves_frames_from_a_pipeline_source_for_calibration(tmp_path: Pa
     assert frames.shape == (10, 48, 64, 3)
     assert frames[1, 0, 0, 0] > 200  # frame 2 of the video (every second one kept) is blue (BGR)
     q = subprocess.run(
-        [sys.executable, "-m", "edged", "quantize", str(model), "-o", str(tmp_path / "q.onnx"), "--calib", str(out)],
+        [sys.executable, "-m", "edged", "quantize", str(model), "-o", str(tmp_path / "q.onnx"), "--calib", str(out),
+         "--recipe", "s8-sym"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert q.returncode == 0, q.stderr

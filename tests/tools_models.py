@@ -79,3 +79,33 @@ def make_frames(path: Path, count: int, *, seed: int = 1, size: tuple[int, int] 
         img += rng.normal(0, 20, img.shape)
         frames.append(np.clip(img, 0, 255).astype(np.uint8))
     return save_frames(path, frames)
+
+
+def make_map_model(path: Path, *, seed: int = 0) -> Path:
+    """Conv 3x3 -> ReLU -> Conv 1x1 to one channel -> Sigmoid: a dense probability map [1, 1, H, W], shaped
+    like a text detector's (DB) or a segmenter's output."""
+    rng = np.random.default_rng(seed)
+    x = helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, SIZE, SIZE])
+    y = helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 1, SIZE, SIZE])
+    nodes = [
+        helper.make_node("Conv", ["image", "W1", "B1"], ["conv"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["conv"], ["relu"]),
+        helper.make_node("Conv", ["relu", "W2", "B2"], ["logit"]),
+        helper.make_node("Sigmoid", ["logit"], ["prob"]),
+    ]
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.5, (8, 3, 3, 3)).astype(np.float32), "W1"),
+        numpy_helper.from_array(rng.normal(0, 0.1, 8).astype(np.float32), "B1"),
+        numpy_helper.from_array(rng.normal(0, 1.0, (1, 8, 1, 1)).astype(np.float32), "W2"),
+        numpy_helper.from_array(np.zeros(1, np.float32), "B2"),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "map", [x], [y], initializer=inits), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    model.ir_version = 7
+    helper.set_model_props(
+        model, {"edged.preprocess": PreprocessSpec(size=(SIZE, SIZE), mean=(0.5,), std=(0.25,)).to_metadata()}
+    )
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path

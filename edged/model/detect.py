@@ -51,7 +51,11 @@ class DetectConfig(Strict):
     classes: list[str | int] | None = Field(
         None, description="Report only these classes (labels or indices); default every class."
     )
-    labels: Path | None = Field(None, description="Text file, one label per line; default: model metadata.")
+    labels: list[str] | Path | None = Field(
+        None,
+        description="The labels in class order: inline ([person, car]) or a UTF-8 text file with one label per line "
+        "(blank lines skipped); default: the model's edged.labels metadata.",
+    )
     normalized: Literal["auto", "yes", "no"] = Field(
         "auto", description="Box coordinates in 0..1 of the model input (auto: when every coordinate is <= 1.5)."
     )

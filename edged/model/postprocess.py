@@ -23,7 +23,11 @@ class ClassifyConfig(Strict):
 
     type: Literal["classify"] = Field(description="Postprocessor type key.")
     top_k: int = Field(3, ge=1, le=1000, description="How many classes to report.")
-    labels: Path | None = Field(None, description="Text file, one label per line; default: model metadata.")
+    labels: list[str] | Path | None = Field(
+        None,
+        description="The labels in class order: inline ([person, car]) or a UTF-8 text file with one label per line "
+        "(blank lines skipped); default: the model's edged.labels metadata.",
+    )
     softmax: Literal["auto", "always", "never"] = Field(
         "auto", description="auto: apply softmax unless the outputs already sum to 1."
     )
@@ -65,8 +69,10 @@ POSTPROCESSORS: Registry[PostprocessorFactory] = Registry(
 )
 
 
-def load_labels(path: Path | None, metadata: dict[str, str]) -> list[str] | None:
-    """Labels from a text file (one per line), else from the model's metadata, else None."""
+def load_labels(path: list[str] | Path | None, metadata: dict[str, str]) -> list[str] | None:
+    """Labels given inline, or from a text file (one per line), else from the model's metadata, else None."""
+    if isinstance(path, list):
+        return [str(x) for x in path]
     if path is not None:
         try:
             return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import Any
 
-from edged.tools.common import preprocess_overrides, print_json, stdout_console
+from edged.tools.common import preprocess_overrides, print_json, stderr_console, stdout_console
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +45,30 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    from edged.tools.quantize import QuantizeOptions, quantize_model, render_quantize  # noqa: PLC0415
+    from edged.tools.quantize import (  # noqa: PLC0415
+        EXIT_SLOWER,
+        Int8SlowerError,
+        QuantizeOptions,
+        quantize_model,
+        render_quantize,
+        render_search,
+    )
 
+    fixed = [args.method, args.activation_type, args.weight_type, args.per_tensor or None]
+    fixed.append(args.asymmetric_activations or None)
     opts = QuantizeOptions(
         calib=args.calib,
-        method=args.method,
-        activation_type=args.activation_type,
-        weight_type=args.weight_type,
+        method=args.method or "minmax",
+        activation_type=args.activation_type or "int8",
+        weight_type=args.weight_type or "int8",
         per_channel=not args.per_tensor,
         reduce_range={"auto": None, "yes": True, "no": False}[args.reduce_range],
         symmetric_activations=False if args.asymmetric_activations else None,
+        search=all(f is None for f in fixed),  # today's flags are a fixed recipe: no search
+        recipe=args.recipe,
+        target=args.target,
+        accept_slower=args.accept_slower,
+        labels=_labels(args.labels),
         calib_limit=args.calib_limit,
         shape=args.shape,
         preprocess=preprocess_overrides(args.config, args.pipeline, args.preprocess),
@@ -62,8 +76,29 @@ def _quantize(args: argparse.Namespace) -> int:
         optimize=not args.no_optimize,
         progress=_progress(args),
     )
-    _emit(args, quantize_model(args.model, args.output, opts), render_quantize)
+    try:
+        report = quantize_model(args.model, args.output, opts)
+    except Int8SlowerError as exc:
+        if args.json:
+            print_json({"written": False, "error": str(exc), "search": exc.search})
+        else:
+            render_search(exc.search)
+            stderr_console().print(f"edged: {exc}", markup=False, highlight=False)
+        return EXIT_SLOWER
+    _emit(args, report, render_quantize)
     return 0
+
+
+def _labels(given: str | None) -> list[str] | None:
+    """`--labels`: a file with one label per line, else a comma-separated list."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from edged.model.postprocess import load_labels  # noqa: PLC0415
+
+    if given is None:
+        return None
+    path = Path(given)
+    return load_labels(path, {}) if path.is_file() else [x.strip() for x in given.split(",") if x.strip()]
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -76,6 +111,7 @@ def _validate(args: argparse.Namespace) -> int:
         rtol=args.rtol,
         atol=args.atol,
         task=args.task,
+        mask_threshold=args.mask_threshold,
         ref_provider=args.ref_provider,
         provider=args.provider,
         preprocess=preprocess_overrides(args.config, args.pipeline, args.preprocess),
@@ -85,6 +121,7 @@ def _validate(args: argparse.Namespace) -> int:
         min_top1=args.min_top1,
         min_topk=args.min_topk,
         min_cosine=args.min_cosine,
+        min_mask_iou=args.min_mask_iou,
         max_abs=args.max_abs,
         require_allclose=args.require_allclose,
     )

@@ -14,7 +14,7 @@ import json
 import logging
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +22,23 @@ import numpy as np
 
 from edged import __version__
 from edged.core.errors import EdgedError, ToolError
+from edged.model.postprocess import LABELS_KEY
 from edged.model.preprocess import METADATA_KEY, Preprocessor
 from edged.model.session import file_sha256
 from edged.model.settings import PreprocessConfig
-from edged.tools import CALIBRATION_METHODS, QUANT_TYPES
+from edged.tools import CALIBRATION_METHODS, QUANT_TYPES, recipes
 from edged.tools.common import human_bytes, require_onnx, resolve_preprocessor, stdout_console
 from edged.tools.frames import Tensor, describe, holds_tensors, load_inputs
 from edged.tools.graph import input_signature, pin_input_shape, prune_opset_imports, upgrade_opset
 from edged.tools.progress import CountingReader, progress_bar
+from edged.tools.validate import Thresholds, ValidateOptions, judge
 
 log = logging.getLogger(__name__)
 
 QUANTIZED_FROM_KEY = "edged.quantized_from"
 QUANTIZATION_KEY = "edged.quantization"
+GATES = Thresholds()  # validate's default gates judge every candidate
+JUDGE = ValidateOptions(data=Path(), progress=False)
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,24 @@ class QuantizeOptions:
     percentile: float = 99.999
     optimize: bool = True
     progress: bool = True
+    op_types: tuple[str, ...] | None = None  # quantize only these op types (None: every one)
+    search: bool = True  # try the target's candidate recipes and keep the fastest that passes (else: as given)
+    recipe: str | None = None  # a recipe by name: no search
+    target: str = "auto"  # cpu | tensorrt | auto (what this machine's providers say)
+    accept_slower: bool = False  # write the best int8 model even when fp32 is faster here
+    labels: list[str] | None = None  # written as the model's edged.labels metadata
+
+
+class Int8SlowerError(ToolError):
+    """Every int8 candidate that kept the answers was slower than fp32 on this machine; `search` holds the
+    measurements (the CLI prints them and exits with EXIT_SLOWER)."""
+
+    def __init__(self, message: str, search: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.search = search
+
+
+EXIT_SLOWER = 3  # `edged quantize`: int8 is slower than fp32 here, nothing written
 
 
 def quantize_model(src: Path, out: Path, opts: QuantizeOptions) -> dict[str, Any]:
@@ -80,32 +102,33 @@ def quantize_model(src: Path, out: Path, opts: QuantizeOptions) -> dict[str, Any
     pin_note = pin_input_shape(model, pinned)
     if pin_note:
         notes.append(pin_note)
+    search: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="edged-quantize-") as tmp:
         staged = Path(tmp) / "staged.onnx"
         onnx.save(model, str(staged))
         prepared = _pre_process(staged, Path(tmp) / "prepared.onnx", opts.optimize, notes)
-        raw = Path(tmp) / "quantized.onnx"
-        _quantize_static(prepared, raw, name, inputs, opts)
+        if opts.recipe is not None:
+            opts = with_recipe(opts, recipes.recipe(opts.recipe))
+        if opts.search and opts.recipe is None:
+            opts, raw, search = _search(src, prepared, name, inputs, opts, Path(tmp))
+        else:
+            raw = Path(tmp) / "quantized.onnx"
+            _quantize_static(prepared, raw, name, inputs, opts)
         result = onnx.load(str(raw))
     provenance = _provenance(src, opts, len(inputs), opset_before)
-    props = {**metadata, QUANTIZED_FROM_KEY: provenance["source_sha256"], QUANTIZATION_KEY: json.dumps(provenance)}
-    if METADATA_KEY not in metadata and preprocessor is not None:
-        props[METADATA_KEY] = preprocessor.spec.to_metadata()
-        notes.append(f"wrote the preprocessing used for calibration into the {METADATA_KEY} metadata")
+    if search is not None:
+        provenance["search"] = {k: v for k, v in search.items() if k != "table"} | {"candidates": search["table"]}
     _note_float_activations(result, opts, notes)
-    del result.metadata_props[:]
-    onnx.helper.set_model_props(result, props)
-    prune_opset_imports(result)
-    try:
-        onnx.checker.check_model(result)
-    except Exception as exc:
-        raise ToolError(f"the quantized model fails the ONNX checker ({exc}); nothing was written") from exc
-    onnx.save(result, str(out))
+    if opts.labels is not None:
+        metadata = {**metadata, LABELS_KEY: json.dumps(opts.labels)}
+        notes.append(f"wrote {len(opts.labels)} labels into the {LABELS_KEY} metadata")
+    _write(result, out, metadata, provenance, preprocessor, notes)
     _check_runs(out, name, inputs[0])
     fp32, int8 = src.stat().st_size, out.stat().st_size
     return {
         "input": str(src),
         "output": str(out),
+        "search": search,
         "fp32_bytes": fp32,
         "int8_bytes": int8,
         "size_ratio": round(int8 / fp32, 4) if fp32 else None,
@@ -114,6 +137,125 @@ def quantize_model(src: Path, out: Path, opts: QuantizeOptions) -> dict[str, Any
         "quantization": provenance,
         "notes": notes,
         "seconds": round(time.monotonic() - started, 2),
+    }
+
+
+def _write(  # noqa: PLR0917  (the model and what goes into its metadata)
+    result: Any,
+    out: Path,
+    metadata: dict[str, str],
+    provenance: dict[str, Any],
+    preprocessor: Preprocessor | None,
+    notes: list[str],
+) -> None:
+    """The parent's metadata plus provenance (and the preprocessing used, when the parent had none); then
+    the ONNX checker, then the file."""
+    onnx = require_onnx()
+    props = {**metadata, QUANTIZED_FROM_KEY: provenance["source_sha256"], QUANTIZATION_KEY: json.dumps(provenance)}
+    if METADATA_KEY not in metadata and preprocessor is not None:
+        props[METADATA_KEY] = preprocessor.spec.to_metadata()
+        notes.append(f"wrote the preprocessing used for calibration into the {METADATA_KEY} metadata")
+    del result.metadata_props[:]
+    onnx.helper.set_model_props(result, props)
+    prune_opset_imports(result)
+    try:
+        onnx.checker.check_model(result)
+    except Exception as exc:
+        raise ToolError(f"the quantized model fails the ONNX checker ({exc}); nothing was written") from exc
+    onnx.save(result, str(out))
+
+
+def with_recipe(opts: QuantizeOptions, r: recipes.Recipe) -> QuantizeOptions:
+    """The options with a recipe's settings."""
+    return replace(
+        opts,
+        method=r.method,
+        activation_type=r.activation_type,
+        weight_type=r.weight_type,
+        per_channel=r.per_channel,
+        symmetric_activations=r.symmetric_activations,
+        op_types=r.op_types,
+        recipe=r.name,
+    )
+
+
+def split_held_out(inputs: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+    """(calibration, held-out): the last fifth (4 to 64 frames) is held out to judge the candidates; with
+    fewer than 10 frames every frame does both (said in the notes)."""
+    if len(inputs) < 10:
+        return inputs, inputs
+    held = min(64, max(4, len(inputs) // 5))
+    return inputs[:-held], inputs[-held:]
+
+
+def _search(  # noqa: PLR0917  (the prepared model and its surroundings)
+    src: Path, prepared: Path, name: str, inputs: list[Tensor], opts: QuantizeOptions, tmp: Path
+) -> tuple[QuantizeOptions, Path, dict[str, Any]]:
+    """Quantize with every candidate recipe, judge each on held-out frames and time it beside fp32; return
+    the fastest that passes. Int8SlowerError when every passing one is slower than fp32 here (unless
+    `accept_slower`); ToolError when none passes."""
+    started = time.monotonic()
+    target = recipes.resolve_target(opts.target)
+    calib, held = split_held_out(inputs)
+    reference = recipes.outputs(recipes.session(src), name, held)
+    names = [o.name for o in recipes.session(src).get_outputs()]
+    tried: list[tuple[recipes.Recipe, Path, dict[str, Any]]] = []
+    for r in recipes.candidates(target):
+        path = tmp / f"{r.name}.onnx"
+        try:
+            _quantize_static(prepared, path, name, calib, with_recipe(opts, r))
+        except ToolError as exc:
+            log.info("recipe %s: quantization failed: %s", r.name, exc)
+            continue
+        verdict = judge(names, reference, recipes.outputs(recipes.session(path), name, held), JUDGE, GATES)
+        tried.append((r, path, verdict))
+    if not tried:
+        raise ToolError("every candidate recipe failed to quantize this model (see the log)")
+    with progress_bar("timing fp32 and int8", recipes.ROUNDS * (len(tried) + 1), enabled=opts.progress) as tick:
+        times = recipes.time_models([src] + [path for _, path, _ in tried], name, held[0], tick)
+    fp32_ms = times[0]
+    table = [_row(r, verdict, ms, fp32_ms) for (r, _, verdict), ms in zip(tried, times[1:], strict=True)]
+    passing = [i for i, row in enumerate(table) if row["passed"]]
+    if not passing:
+        raise ToolError(
+            "no int8 recipe kept the fp32 model's answers on the held-out frames: "
+            + "; ".join(f"{row['recipe']}: {row['why']}" for row in table)
+        )
+    best = min(passing, key=lambda i: table[i]["int8_ms"])
+    search = {
+        "target": target,
+        "fp32_ms": round(fp32_ms, 4),
+        "chosen": table[best]["recipe"],
+        "int8_ms": table[best]["int8_ms"],
+        "speedup": table[best]["speedup"],
+        "held_out_frames": len(held),
+        "seconds": round(time.monotonic() - started, 1),
+        "table": table,
+    }
+    if table[best]["int8_ms"] >= fp32_ms and not opts.accept_slower:
+        raise Int8SlowerError(
+            f"int8 is slower than fp32 on this machine: the best recipe that keeps the answers, "
+            f"{table[best]['recipe']}, runs in {table[best]['int8_ms']:.3f} ms vs {fp32_ms:.3f} ms for fp32 "
+            f"({table[best]['speedup']:.2f}x); nothing written (--accept-slower writes it anyway)",
+            search,
+        )
+    chosen, path, _ = tried[best]
+    return with_recipe(opts, chosen), path, search
+
+
+def _row(r: recipes.Recipe, verdict: dict[str, Any], ms: float, fp32_ms: float) -> dict[str, Any]:
+    failed = [c for c in verdict["checks"] if not c["passed"]]
+    key = {"classify": "top-1 agreement >=", "dense": "mask IoU (mean) >="}.get(verdict["task"])
+    shown = next((c for c in verdict["checks"] if c["check"] == key), None) or verdict["checks"][0]
+    return {
+        "recipe": r.name,
+        "what": r.describe(),
+        "int8_ms": round(ms, 4),
+        "speedup": round(fp32_ms / ms, 3) if ms > 0 else None,
+        "task": verdict["task"],
+        "agreement": {"check": shown["check"].removesuffix(" >="), "value": round(float(shown["value"]), 5)},
+        "passed": verdict["passed"],
+        "why": "; ".join(f"{c['check']} {c['threshold']}: {c['value']:.4g}" for c in failed) or "passed",
     }
 
 
@@ -209,6 +351,7 @@ def _quantize_static(src: Path, dst: Path, input_name: str, inputs: list[Tensor]
                 quant_format=QuantFormat.QDQ,
                 per_channel=opts.per_channel,
                 reduce_range=_reduce_range(opts),
+                op_types_to_quantize=list(opts.op_types) if opts.op_types else None,
                 activation_type=qtype[opts.activation_type],
                 weight_type=qtype[opts.weight_type],
                 calibrate_method=method,
@@ -265,6 +408,8 @@ def _provenance(src: Path, opts: QuantizeOptions, frames: int, opset_before: int
         "weight_type": opts.weight_type,
         "per_channel": opts.per_channel,
         "reduce_range": _reduce_range(opts),
+        "recipe": opts.recipe,
+        "op_types": list(opts.op_types) if opts.op_types else None,
         "date": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
         "tool": f"edged {__version__}",
     }
@@ -283,9 +428,30 @@ def _check_runs(path: Path, input_name: str, sample: Tensor) -> None:
         log.warning("the quantized model gives non-finite outputs on a calibration frame")
 
 
+def render_search(search: dict[str, Any]) -> None:
+    """The candidates tried: time beside fp32, agreement, verdict (80 columns)."""
+    from rich.table import Table  # noqa: PLC0415
+
+    table = Table(
+        title=f"recipes tried ({search['target']}; fp32 {search['fp32_ms']:.3f} ms, 1 thread; "
+        f"{search['held_out_frames']} held-out frames; {search['seconds']} s)",
+        title_justify="left",
+        header_style="bold",
+    )
+    for col in ("recipe", "int8 ms", "speed-up", "agreement", "verdict"):
+        table.add_column(col, justify="left" if col in ("recipe", "verdict") else "right")
+    for row in search["table"]:
+        mark = "chosen" if row["recipe"] == search["chosen"] else ("ok" if row["passed"] else "fails")
+        agree = f"{row['agreement']['check']} {row['agreement']['value']:.4f}"
+        table.add_row(row["recipe"], f"{row['int8_ms']:.3f}", f"{row['speedup']:.2f}x", agree, mark)
+    stdout_console().print(table)
+
+
 def render_quantize(report: dict[str, Any]) -> None:
     """Print what was done and the fp32 vs int8 sizes."""
     console = stdout_console()
+    if report.get("search"):
+        render_search(report["search"])
     for note in report["notes"]:
         console.print(f"[yellow]note:[/] {note}")
     q = report["quantization"]

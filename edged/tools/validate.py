@@ -38,6 +38,7 @@ class Thresholds:
     min_top1: float | None = 0.95
     min_topk: float | None = None
     min_cosine: float | None = 0.98
+    min_mask_iou: float | None = 0.9  # dense maps: IoU of the thresholded masks
     max_abs: float | None = None
     require_allclose: bool = False
 
@@ -51,7 +52,8 @@ class ValidateOptions:
     top_k: int = 5
     rtol: float = 1e-3
     atol: float = 1e-3
-    task: str = "auto"  # auto | classify | raw
+    task: str = "auto"  # auto | classify | dense | raw
+    mask_threshold: float = 0.5  # dense maps: a pixel is "on" above this
     ref_provider: str = CPU
     provider: str = CPU
     preprocess: PreprocessConfig | None = None
@@ -65,23 +67,65 @@ def validate_models(ref: Path, cand: Path, opts: ValidateOptions, gates: Thresho
         pre = _preprocessor(a, b, opts.preprocess)
         inputs = load_inputs(opts.data, pre, a.input_shape, opts.limit)
         outs_a, outs_b = _run_both(a, b, inputs, opts.progress)
-        names = a.output_names
-        b_shape_ok = [np.asarray(x).shape for x in outs_b[0]] == [np.asarray(x).shape for x in outs_a[0]]
-        if not b_shape_ok:
-            raise ToolError("the models' outputs differ in shape; they are not two versions of one model")
-        per_output = [_compare(name, _stack(outs_a, i), _stack(outs_b, i), opts) for i, name in enumerate(names)]
-        classify = _is_classifier(_stack(outs_a, 0), opts.task)
         report: dict[str, Any] = {
             "reference": {"path": str(ref), "provider": a.provider, "sha256": a.sha256},
             "candidate": {"path": str(cand), "provider": b.provider, "sha256": b.sha256},
             "data": {"source": str(opts.data), "kind": describe(opts.data), "frames": len(inputs)},
-            "classification": _classification(_stack(outs_a, 0), _stack(outs_b, 0), opts.top_k) if classify else None,
-            "outputs": per_output,
+            **judge(a.output_names, outs_a, outs_b, opts, gates),
             "note": IDENTICAL_NOTE,
         }
-    report["checks"] = _checks(report, gates)
-    report["passed"] = all(c["passed"] for c in report["checks"])
     return report
+
+
+def judge(
+    names: list[str], outs_a: list[list[Tensor]], outs_b: list[list[Tensor]], opts: ValidateOptions, gates: Thresholds
+) -> dict[str, Any]:
+    """Compare two models' outputs on the same frames by the task the first output serves: `task`,
+    `classification` or `dense` (the measures of that task), `outputs` (errors and cosine per output),
+    `checks` (the gates) and `passed`. Used by validate and by quantize's recipe search."""
+    if [np.asarray(x).shape for x in outs_b[0]] != [np.asarray(x).shape for x in outs_a[0]]:
+        raise ToolError("the models' outputs differ in shape; they are not two versions of one model")
+    task = output_task(np.asarray(outs_a[0][0]).shape, opts.task)
+    first_a, first_b = _stack(outs_a, 0), _stack(outs_b, 0)
+    parts: dict[str, Any] = {
+        "task": task,
+        "classification": _classification(first_a, first_b, opts.top_k) if task == "classify" else None,
+        "dense": _dense(first_a, first_b, opts.mask_threshold) if task == "dense" else None,
+        "outputs": [_compare(name, _stack(outs_a, i), _stack(outs_b, i), opts) for i, name in enumerate(names)],
+    }
+    parts["checks"] = _checks(parts, gates)
+    parts["passed"] = all(c["passed"] for c in parts["checks"])
+    return parts
+
+
+def output_task(shape: tuple[int, ...], task: str = "auto") -> str:
+    """What an output serves, from its shape (one frame's): `classify` for class scores ([1, C] or
+    [1, C, 1, 1], C > 1), `dense` for a map with spatial axes ([N, C, H, W] with H, W > 1: segmentation,
+    probability maps), else `raw`. A `task` other than auto wins."""
+    if task != "auto":
+        return task
+    dims = [d for d in shape[1:] if d != 1] if len(shape) > 1 else list(shape)
+    if len(shape) >= 4 and sum(1 for d in shape[-2:] if d > 1) == 2:
+        return "dense"  # rank 3 ([1, N, 6] boxes, [1, 84, 8400] YOLO heads) is not a map: --task dense forces it
+    if len(dims) == 1 and dims[0] > 1:
+        return "classify"
+    return "raw"
+
+
+def _dense(ref: npt.NDArray[np.float64], cand: npt.NDArray[np.float64], threshold: float) -> dict[str, Any]:
+    """Maps per frame: IoU of the masks above `threshold`, and how many pixels agree on either side."""
+    mask_a, mask_b = ref > threshold, cand > threshold
+    inter = (mask_a & mask_b).sum(axis=1)
+    union = (mask_a | mask_b).sum(axis=1)
+    iou = np.where(union > 0, inter / np.where(union > 0, union, 1), 1.0)  # both empty: they agree
+    return {
+        "threshold": threshold,
+        "mask_iou_mean": float(iou.mean()),
+        "mask_iou_min": float(iou.min()),
+        "worst_frame": int(iou.argmin()),
+        "pixel_agreement": float((mask_a == mask_b).mean()),
+        "reference_on_fraction": float(mask_a.mean()),
+    }
 
 
 def _check_compatible(a: LoadedModel, b: LoadedModel) -> None:
@@ -118,12 +162,6 @@ def _run_both(
 def _stack(outs: list[list[Tensor]], i: int) -> npt.NDArray[np.float64]:
     """Output i of every frame as float64, one row per frame."""
     return np.stack([np.asarray(o[i], dtype=np.float64).reshape(-1) for o in outs])
-
-
-def _is_classifier(ref: npt.NDArray[np.float64], task: str) -> bool:
-    if task != "auto":
-        return task == "classify"
-    return bool(ref.shape[1] > 1)
 
 
 def _classification(ref: npt.NDArray[np.float64], cand: npt.NDArray[np.float64], k: int) -> dict[str, Any]:
@@ -186,6 +224,14 @@ def _checks(report: dict[str, Any], gates: Thresholds) -> list[dict[str, Any]]:
         add(
             f"top-{cls['top_k']} overlap >=", cls["topk_overlap"], gates.min_topk, cls["topk_overlap"] >= gates.min_topk
         )
+    dense = report.get("dense")
+    if dense is not None and gates.min_mask_iou is not None:
+        add(
+            "mask IoU (mean) >=",
+            dense["mask_iou_mean"],
+            gates.min_mask_iou,
+            dense["mask_iou_mean"] >= gates.min_mask_iou,
+        )
     for out in report["outputs"]:
         if gates.min_cosine is not None:
             add(
@@ -225,6 +271,13 @@ def render_validate(report: dict[str, Any]) -> None:
         )
         for d in cls["disagreeing_frames"]:
             console.print(f"  frame {d['frame']}: reference says {d['reference']}, candidate {d['candidate']}")
+    dense = report.get("dense")
+    if dense is not None:
+        console.print(
+            f"dense map: mask IoU {dense['mask_iou_mean']:.2%} mean, {dense['mask_iou_min']:.2%} worst (frame "
+            f"{dense['worst_frame']}); {dense['pixel_agreement']:.2%} of pixels agree at threshold "
+            f"{dense['threshold']:g}"
+        )
     table = Table(title="per output", title_justify="left", header_style="bold")
     for col in (
         "output",

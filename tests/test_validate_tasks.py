@@ -1,0 +1,55 @@
+"""`edged validate` judges by the task an output serves: class scores by top-1, a dense map by the IoU of its
+masks (a text detector's 1 x 1 x H x W probability map was judged as a 230,400-class classifier), anything
+else by its errors. Real models made here, real ONNX Runtime, real int8."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tools_models import make_conv_model, make_frames, make_map_model
+
+from edged.tools.quantize import QuantizeOptions, quantize_model
+from edged.tools.validate import Thresholds, ValidateOptions, output_task, validate_models
+
+
+@pytest.mark.parametrize(
+    ("shape", "task"),
+    [
+        ((1, 1000), "classify"),
+        ((1, 2, 1, 1), "classify"),
+        ((1, 1, 480, 480), "dense"),
+        ((1, 21, 64, 64), "dense"),
+        ((1, 1), "raw"),
+        ((1, 100, 6), "raw"),
+    ],
+)
+def test_the_task_comes_from_the_output_shape(shape: tuple[int, ...], task: str) -> None:
+    assert output_task(shape) == task
+    assert output_task(shape, "raw") == "raw"  # --task wins
+
+
+def test_a_probability_map_is_judged_by_mask_iou_not_as_a_classifier(tmp_path: Path) -> None:
+    fp32 = make_map_model(tmp_path / "map.onnx")
+    frames = make_frames(tmp_path / "f.npz", 24, size=(16, 16))
+    int8 = tmp_path / "map.int8.onnx"
+    quantize_model(fp32, int8, QuantizeOptions(calib=frames, progress=False, search=False))
+    report = validate_models(fp32, int8, ValidateOptions(data=frames, progress=False), Thresholds())
+    assert report["task"] == "dense"
+    assert report["classification"] is None  # no top-1 over pixels
+    dense = report["dense"]
+    assert dense["mask_iou_mean"] > 0.9
+    assert dense["pixel_agreement"] > 0.95
+    assert [c["check"] for c in report["checks"]] == ["mask IoU (mean) >=", "prob: mean cosine >="]
+    assert report["passed"]
+    strict = validate_models(fp32, int8, ValidateOptions(data=frames, progress=False), Thresholds(min_mask_iou=1.01))
+    assert not strict["passed"]  # the gate is enforced
+
+
+def test_a_classifier_is_still_judged_by_top1(tmp_path: Path) -> None:
+    fp32 = make_conv_model(tmp_path / "conv.onnx")
+    frames = make_frames(tmp_path / "f.npz", 24)
+    report = validate_models(fp32, fp32, ValidateOptions(data=frames, progress=False), Thresholds())
+    assert report["task"] == "classify"
+    assert report["classification"]["top1_agreement"] == 1.0
+    assert report["dense"] is None
