@@ -203,7 +203,9 @@ def _budget_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     g.add_argument("--rtt", type=float, help="round-trip time ms (overrides the preset)")
     payload = g.add_mutually_exclusive_group()
     payload.add_argument("--payload-kb", type=float, help="bytes sent per frame, in kB (1000 bytes)")
-    payload.add_argument("--frame", type=_frame_size, default=(640, 480), help="send a JPEG of WxH (default 640x480)")
+    payload.add_argument(
+        "--frame", type=_frame_size, help="send a JPEG of WxH (default: the --model's input size, else 640x480)"
+    )
     g.add_argument("--response-bytes", type=float, default=500.0, help="result size sent back (default 500)")
     g.add_argument("--cloud-ms", type=float, default=5.0, help="cloud inference time (default 5 ms, a server GPU)")
     g.add_argument("--queue-ms", type=float, default=20.0, help="cloud queueing/batching delay (default 20 ms)")

@@ -148,13 +148,13 @@ class Daemon:
             engines.cleanup([p.model for p in self.config.pipelines], self.config.state_dir)
         return models
 
-    def _close_partial(self) -> None:
+    def _close_partial(self, spool_timeout: float = 30.0) -> None:
         server, self.status_server = self.status_server, None
         if server is not None:
             server.stop()
         spool, self.spool = self.spool, None
         if spool is not None:
-            spool.close()
+            spool.close(max(1.0, spool_timeout))
         lock, self.state_lock = self.state_lock, None
         if lock is not None:
             lock.release()
@@ -270,7 +270,7 @@ class Daemon:
             self.publisher.join(left(grace + PUBLISHER_CLOSE_S))
         if self.spool is not None:
             self.left_in_spool = self.spool.depth
-        self._close_partial()
+        self._close_partial(left(STOP_DEADLINE_S))
         log.info("edged stopped")
 
     # -- reporting -------------------------------------------------------------------------------------

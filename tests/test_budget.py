@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -101,3 +102,19 @@ def test_budget_cli_json() -> None:
     # 50 kB at 3 Mbit/s = 133.33 ms; 500 B at 25 Mbit/s = 0.16 ms; + 600 RTT + 5 + 20
     assert r["cloud"]["total_ms"] == pytest.approx(600 + 400_000 / 3e6 * 1000 + 4_000 / 25e6 * 1000 + 25)
     assert r["winner"] == "edge"
+
+
+@pytest.mark.integration
+def test_budget_with_a_model_sizes_the_upload_from_the_models_input(tmp_path: Path) -> None:
+    # it assumed a 640x480 JPEG whatever the model took
+    from tools_models import SIZE, make_conv_model
+
+    from edged.tools.budget import jpeg_payload_bytes
+
+    model = make_conv_model(tmp_path / "conv.onnx")  # 16 x 16 input, from its metadata
+    proc = subprocess.run(
+        [sys.executable, "-m", "edged", "budget", "--model", str(model), "--preset", "lte", "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["inputs"]["payload_bytes"] == pytest.approx(jpeg_payload_bytes(SIZE, SIZE))

@@ -397,3 +397,28 @@ def test_record_saves_frames_from_a_pipeline_source_for_calibration(tmp_path: Pa
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert q.returncode == 0, q.stderr
+
+
+def test_inspect_counts_weights_held_in_constant_nodes(tmp_path: Path) -> None:
+    # PaddlePaddle's exporter writes every weight as a Constant node: inspect said 0 parameters
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((4, 3), np.float32), "w")
+    nodes = [
+        helper.make_node("Constant", [], ["W"], value=w),
+        helper.make_node("MatMul", ["x", "W"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "const",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+        initializer=[],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 7
+    path = tmp_path / "const.onnx"
+    onnx.save(model, str(path))
+    from edged.tools.inspect import inspect_model
+
+    assert inspect_model(path)["parameters"] == 12

@@ -502,13 +502,19 @@ class Spool:
         if first:
             log.error("%s", msg)
 
-    def close(self) -> None:
-        """Commit everything queued, stop the writer, close the database; a clean stop for the seq lease."""
+    def close(self, timeout: float = 30.0) -> None:
+        """Commit everything queued, stop the writer, close the database; a clean stop for the seq lease.
+
+        A writer still committing after `timeout` (a disk that stalls) is left to finish as the process
+        ends: what it committed is safe in the WAL, the lease is left unclean (the next start skips ahead)."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
         if self.writer is not None:
-            self.writer.join(timeout=30)
+            self.writer.join(timeout=timeout)
+            if self.writer.is_alive():
+                log.error("spool: the writer is still committing after %.0f s; leaving it to finish", timeout)
+                return
         check = self._check_conn
         if check is not None:
             check.interrupt()  # a background check stops at once (it runs again next start if needed)

@@ -60,7 +60,7 @@ def bench_models(paths: list[Path], opts: BenchOptions) -> dict[str, Any]:
             with open_model(model_path, provider, threads) as model:
                 x = _input(model, opts)
                 samples = _measure(model, x, opts, advance)
-            rows.append(_row(model_path, model, provider, threads, samples))
+            rows.append({**_row(model_path, model, provider, threads, samples), "input_shape": list(x.shape)})
     return {
         "machine": {
             "platform": platform.platform(),

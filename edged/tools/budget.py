@@ -105,14 +105,20 @@ def _monthly(b: BudgetInputs) -> dict[str, Any] | None:
     }
 
 
-def measure_edge_ms(model: Path, provider: str | None, runs: int, shape: tuple[int, ...] | None) -> tuple[float, str]:
-    """p50 latency of `model` here on `provider` (default: the best this machine offers), and the provider."""
+def measure_edge_ms(
+    model: Path, provider: str | None, runs: int, shape: tuple[int, ...] | None
+) -> tuple[float, str, tuple[int, int]]:
+    """p50 latency of `model` here on `provider` (default: the best this machine offers), the provider, and
+    the image size (width, height) the model takes: what a cloud call would have to upload instead."""
     from edged.tools.bench import BenchOptions, bench_models  # noqa: PLC0415
 
     chosen = provider or available_providers()[0]
     report = bench_models([model], BenchOptions(providers=[chosen], runs=runs, warmup=5, shape=shape, progress=False))
     row = report["results"][0]
-    return float(row["p50_ms"]), str(row["provider"])
+    dims = [int(d) for d in row["input_shape"]]
+    nchw = len(dims) == 4 and dims[1] in (1, 3)
+    size = (dims[3], dims[2]) if nchw else (dims[2], dims[1]) if len(dims) == 4 else (640, 480)
+    return float(row["p50_ms"]), str(row["provider"]), size
 
 
 def render_budget(report: dict[str, Any]) -> None:

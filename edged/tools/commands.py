@@ -167,11 +167,12 @@ def _budget(args: argparse.Namespace) -> int:
     given = {k: v for k, v in overrides.items() if v is not None}
     if given:
         net = replace(net, **given, description=f"{args.preset} preset with {', '.join(given)} overridden")
-    edge_ms, edge_from = args.edge_ms, "given"
+    edge_ms, edge_from, frame = args.edge_ms, "given", args.frame or (640, 480)
     if args.model is not None:
-        edge_ms, provider = measure_edge_ms(args.model, args.provider, 50, args.shape)
+        edge_ms, provider, model_frame = measure_edge_ms(args.model, args.provider, 50, args.shape)
         edge_from = f"measured here: p50 of {args.model.name} on {provider}"
-    payload = args.payload_kb * 1000 if args.payload_kb is not None else jpeg_payload_bytes(*args.frame)
+        frame = args.frame or model_frame  # the cloud would be sent what the model takes
+    payload = args.payload_kb * 1000 if args.payload_kb is not None else jpeg_payload_bytes(*frame)
     inputs = BudgetInputs(
         edge_infer_ms=edge_ms,
         payload_bytes=payload,

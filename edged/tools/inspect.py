@@ -54,7 +54,7 @@ def inspect_model(path: Path) -> dict[str, Any]:
         "inputs": [_value_info(v) for v in graph.input if v.name not in init_names],
         "outputs": [_value_info(v) for v in graph.output],
         "nodes": len(graph.node),
-        "parameters": int(sum(_numel(t.dims) for t in graph.initializer)),
+        "parameters": _parameters(graph),
         "quantization": _quantization(model),
         "external_data": sorted(_external_files(graph)),
         "metadata": {p.key: _maybe_json(p.value) for p in model.metadata_props},
@@ -128,6 +128,16 @@ def _quantization(model: Any) -> dict[str, Any]:
         "per_tensor_tensors": per_tensor,
         "types": dict(types),
     }
+
+
+def _parameters(graph: Any) -> int:
+    """Weights held as initializers and as Constant nodes (some exporters, e.g. PaddlePaddle's, write every
+    weight as a Constant: a count of initializers alone says 0)."""
+    count = sum(_numel(t.dims) for t in graph.initializer)
+    for node in graph.node:
+        if node.op_type == "Constant":
+            count += sum(_numel(a.t.dims) for a in node.attribute if a.name == "value")
+    return int(count)
 
 
 def _external_files(graph: Any) -> set[str]:

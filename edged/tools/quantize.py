@@ -317,7 +317,8 @@ def _pre_process(src: Path, dst: Path, optimize: bool, notes: list[str]) -> Path
         try:
             quant_pre_process(str(src), str(dst), **kwargs)
         except Exception as exc:  # noqa: BLE001  (ORT raises anything from here; we degrade instead)
-            log.info("quant_pre_process (%s) failed: %s", label, str(exc).splitlines()[0] if str(exc) else exc)
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else f"{type(exc).__name__} (no message)"
+            log.info("quant_pre_process (%s) failed: %s", label, why)
             continue
         if label != "full":
             notes.append(f"quant_pre_process ran {label} (the full run failed)")
