@@ -160,11 +160,15 @@ def _validate_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     v.add_argument("--rtol", type=float, default=1e-3, help="np.allclose rtol (default 1e-3)")
     v.add_argument("--atol", type=float, default=1e-3, help="np.allclose atol (default 1e-3)")
     v.add_argument("--require-allclose", action="store_true", help="fail unless np.allclose holds everywhere")
+    v.add_argument("--wide", action="store_true", help="every figure per output (wider than 80 columns)")
     v.add_argument(
         "--task",
-        choices=("auto", "classify", "dense", "raw"),
+        choices=("auto", "classify", "detect", "dense", "raw"),
         default="auto",
-        help="auto: from the first output's shape: class scores [1, C], a dense map [1, C, H, W], else raw",
+        help="auto: from the first output's shape: a YOLO head or boxes, class scores [1, C], a map [1, C, H, W]",
+    )
+    v.add_argument(
+        "--min-detection-match", type=float, default=0.9, help="detectors: precision and recall (default 0.9)"
     )
     v.add_argument("--min-mask-iou", type=float, default=0.9, help="dense maps: mask IoU (default 0.9)")
     v.add_argument("--mask-threshold", type=float, default=0.5, help="dense maps: pixel on above (default 0.5)")

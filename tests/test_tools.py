@@ -158,10 +158,22 @@ def test_quantize_cli_pins_dynamic_axes_from_shape(tmp_path: Path, calib: Path) 
     assert [d.dim_value for d in dims] == [1, 3, SIZE, SIZE]
 
 
-def test_quantize_a_dynamic_model_without_a_size_asks_for_one(tmp_path: Path, calib: Path) -> None:
+def test_one_shape_rule_a_dynamic_model_takes_its_size_from_the_frames_in_every_tool(
+    tmp_path: Path, calib: Path
+) -> None:
+    # quantize asked for --shape, bench and budget too, where validate found the size itself
     dyn = make_conv_model(tmp_path / "dyn.onnx", dynamic=True, metadata=False)
-    with pytest.raises(ToolError, match="--shape"):
-        quantize_model(dyn, tmp_path / "o.onnx", QuantizeOptions(calib=calib, progress=False, search=False))
+    out = tmp_path / "o.onnx"
+    report = quantize_model(dyn, out, QuantizeOptions(calib=calib, progress=False, search=False))
+    assert report["input_shape"] == [1, 3, 20, 24]  # the calibration frames are 24 x 20
+    from edged.tools.bench import BenchOptions, bench_models
+
+    rows = bench_models([dyn, out], BenchOptions(runs=2, warmup=0, progress=False))["results"]
+    assert [r["input_shape"] for r in rows] == [[1, 3, 20, 24]] * 2  # the parent takes its child's metadata
+    alone = bench_models([dyn], BenchOptions(runs=2, warmup=0, progress=False, data=calib))["results"]
+    assert alone[0]["input_shape"] == [1, 3, 20, 24]  # or the frames' size
+    with pytest.raises(ToolError, match="give --shape"):
+        bench_models([dyn], BenchOptions(runs=2, warmup=0, progress=False))
 
 
 @pytest.mark.integration

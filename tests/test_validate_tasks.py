@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tools_models import make_conv_model, make_frames, make_map_model
 
@@ -21,7 +22,10 @@ from edged.tools.validate import Thresholds, ValidateOptions, output_task, valid
         ((1, 1, 480, 480), "dense"),
         ((1, 21, 64, 64), "dense"),
         ((1, 1), "raw"),
-        ((1, 100, 6), "raw"),
+        ((1, 84, 8400), "detect"),
+        ((1, 25200, 85), "detect"),
+        ((1, 100, 6), "detect"),
+        ((1, 197, 768), "raw"),  # transformer tokens: not a head
     ],
 )
 def test_the_task_comes_from_the_output_shape(shape: tuple[int, ...], task: str) -> None:
@@ -53,3 +57,22 @@ def test_a_classifier_is_still_judged_by_top1(tmp_path: Path) -> None:
     assert report["task"] == "classify"
     assert report["classification"]["top1_agreement"] == 1.0
     assert report["dense"] is None
+
+
+def test_a_detector_is_judged_by_matched_boxes(tmp_path: Path) -> None:
+    from detect_models import make_detector
+
+    from edged.tools.frames import save_frames
+
+    model = make_detector(tmp_path / "det.onnx", "yolov8")
+    frames = np.zeros((6, 64, 64, 3), np.uint8)
+    frames[:, 8:40, 8:24] = 255  # a bright box the detector reports
+    data = save_frames(tmp_path / "f.npz", frames)
+    # a toy head has few anchors, so --task says what it is (auto knows real ones: [1, 84, 8400], ...)
+    report = validate_models(model, model, ValidateOptions(data=data, progress=False, task="detect"), Thresholds())
+    assert report["task"] == "detect"
+    det = report["detection"]
+    assert det["reference_detections"] > 0
+    assert det["precision"] == det["recall"] == 1.0
+    assert "detection recall >=" in [c["check"] for c in report["checks"]]
+    assert report["passed"]

@@ -55,10 +55,11 @@ def bench_models(paths: list[Path], opts: BenchOptions) -> dict[str, Any]:
         )
     plan = [(m, p, t) for m in paths for p in providers for t in (opts.threads if p == CPU else [0])]
     rows: list[dict[str, Any]] = []
+    peers = [_metadata(p) for p in paths]  # versions of one model: one that knows its input size tells the rest
     with progress_bar("benchmarking", len(plan) * (opts.runs + opts.warmup), enabled=opts.progress) as advance:
         for model_path, provider, threads in plan:
             with open_model(model_path, provider, threads) as model:
-                x = _input(model, opts)
+                x = _input(model, opts, peers)
                 samples = _measure(model, x, opts, advance)
             rows.append({**_row(model_path, model, provider, threads, samples), "input_shape": list(x.shape)})
     return {
@@ -76,20 +77,34 @@ def bench_models(paths: list[Path], opts: BenchOptions) -> dict[str, Any]:
     }
 
 
-def _input(model: LoadedModel, opts: BenchOptions) -> Tensor:
-    if opts.data is not None:
-        pre = resolve_preprocessor(opts.preprocess, model.metadata, model.input_shape, model.input_type)
-        return load_inputs(opts.data, pre, model.input_shape, 1)[0]
+def _metadata(path: Path) -> dict[str, str]:
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), sess_options=opts, providers=[CPU])
+    return dict(sess.get_modelmeta().custom_metadata_map)
+
+
+def _input(model: LoadedModel, opts: BenchOptions, peers: list[dict[str, str]]) -> Tensor:
+    """The input, by the shape rule of every tool (common.resolve_preprocessor): --shape, else the model's
+    metadata or one of the other models' (an fp32 parent beside its quantized child), else --data's frames."""
     shape = opts.shape
     if shape is None:
-        try:
-            shape = resolve_preprocessor(
-                opts.preprocess, model.metadata, model.input_shape, model.input_type
-            ).spec.tensor_shape
-        except EdgedError:
-            if not all(isinstance(d, int) and d > 0 for d in model.input_shape):
-                raise ToolError(f"{model.path.name} has dynamic input axes {model.input_shape}: give --shape") from None
-            shape = tuple(int(d) for d in model.input_shape)
+        for metadata in [model.metadata, *peers]:
+            try:
+                pre = resolve_preprocessor(opts.preprocess, metadata, model.input_shape, model.input_type, opts.data)
+            except EdgedError:
+                continue
+            if opts.data is not None:
+                return load_inputs(opts.data, pre, model.input_shape, 1)[0]
+            shape = pre.spec.tensor_shape
+            break
+    if shape is None:
+        if not all(isinstance(d, int) and d > 0 for d in model.input_shape):
+            raise ToolError(
+                f"{model.path.name} has dynamic input axes {model.input_shape} and no size in its metadata or the "
+                "frames: give --shape, --preprocess '{\"size\": [W, H]}' or --data"
+            )
+        shape = tuple(int(d) for d in model.input_shape)
     dtype = DTYPES.get(ORT_TYPES.get(model.input_type, "float32"), np.float32)
     rng = np.random.default_rng(0)
     if dtype is np.uint8:

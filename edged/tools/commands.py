@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 from typing import Any
@@ -122,11 +123,12 @@ def _validate(args: argparse.Namespace) -> int:
         min_topk=args.min_topk,
         min_cosine=args.min_cosine,
         min_mask_iou=args.min_mask_iou,
+        min_detection_match=args.min_detection_match,
         max_abs=args.max_abs,
         require_allclose=args.require_allclose,
     )
     report = validate_models(args.reference, args.candidate, opts, gates)
-    _emit(args, report, render_validate)
+    _emit(args, report, functools.partial(render_validate, wide=args.wide))
     return 0 if report["passed"] else 1
 
 

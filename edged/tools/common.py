@@ -124,11 +124,34 @@ def _pick_pipeline(pipelines: list[PipelineConfig], name: str | None, config: Pa
 
 
 def resolve_preprocessor(
-    overrides: PreprocessConfig | None, metadata: dict[str, str], input_shape: list[Any], input_type: str
+    overrides: PreprocessConfig | None,
+    metadata: dict[str, str],
+    input_shape: list[Any],
+    input_type: str,
+    data: Path | None = None,
 ) -> Preprocessor:
-    """The pipeline's own preprocessing for a model (flags/config over metadata over the input shape)."""
-    spec = PreprocessSpec.resolve(overrides, metadata, input_shape, input_type)
-    return Preprocessor(spec)
+    """The pipeline's own preprocessing for a model: the one shape rule of every tool. The input size comes
+    from the flags or `--config/--pipeline`, else the model's metadata, else its input shape, else (a
+    model with dynamic axes) the size of the frames in `data`; `--shape`, where a tool takes it, pins it."""
+    try:
+        return Preprocessor(PreprocessSpec.resolve(overrides, metadata, input_shape, input_type))
+    except EdgedError:
+        size = _frame_size(data)
+        if size is None or (overrides is not None and overrides.size is not None):
+            raise
+    log.info("input size %dx%d from the frames in %s (the model's input axes are dynamic)", *size, data)
+    sized = (overrides or PreprocessConfig()).model_copy(update={"size": size})
+    return Preprocessor(PreprocessSpec.resolve(sized, metadata, input_shape, input_type))
+
+
+def _frame_size(data: Path | None) -> tuple[int, int] | None:
+    """(width, height) of the first frame of a frame source; None without one (or for ready tensors)."""
+    from edged.tools.frames import holds_tensors, iter_frames  # noqa: PLC0415
+
+    if data is None or not data.exists() or holds_tensors(data):
+        return None
+    first = next(iter_frames(data, 1), None)
+    return None if first is None else (int(first.shape[1]), int(first.shape[0]))
 
 
 @contextmanager

@@ -33,7 +33,7 @@ from edged.tools.common import human_bytes, require_onnx, resolve_preprocessor, 
 from edged.tools.frames import Tensor, describe, holds_tensors, load_inputs
 from edged.tools.graph import input_signature, pin_input_shape, prune_opset_imports, upgrade_opset
 from edged.tools.progress import CountingReader, progress_bar
-from edged.tools.validate import Thresholds, ValidateOptions, judge
+from edged.tools.validate import Thresholds, ValidateOptions, detector_for, judge, output_task
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +200,14 @@ def _search(  # noqa: PLR0917  (the prepared model and its surroundings)
     started = time.monotonic()
     target = recipes.resolve_target(opts.target)
     calib, held = split_held_out(inputs)
-    reference = recipes.outputs(recipes.session(src), name, held)
-    names = [o.name for o in recipes.session(src).get_outputs()]
+    parent = recipes.session(src)
+    reference = recipes.outputs(parent, name, held)
+    names = [o.name for o in parent.get_outputs()]
+    detector = None
+    if output_task(tuple(np.asarray(reference[0][0]).shape)) == "detect":  # judge a detector by its boxes
+        shapes = [list(o.shape) for o in parent.get_outputs()]
+        size = (int(held[0].shape[-1]), int(held[0].shape[-2]))
+        detector = detector_for(names, shapes, dict(parent.get_modelmeta().custom_metadata_map), size)
     tried: list[tuple[recipes.Recipe, Path, dict[str, Any]]] = []
     for r in recipes.candidates(target):
         path = tmp / f"{r.name}.onnx"
@@ -210,7 +216,7 @@ def _search(  # noqa: PLR0917  (the prepared model and its surroundings)
         except ToolError as exc:
             log.info("recipe %s: quantization failed: %s", r.name, exc)
             continue
-        verdict = judge(names, reference, recipes.outputs(recipes.session(path), name, held), JUDGE, GATES)
+        verdict = judge(names, reference, recipes.outputs(recipes.session(path), name, held), JUDGE, GATES, detector)
         tried.append((r, path, verdict))
     if not tried:
         raise ToolError("every candidate recipe failed to quantize this model (see the log)")
@@ -249,7 +255,9 @@ def _search(  # noqa: PLR0917  (the prepared model and its surroundings)
 
 def _row(r: recipes.Recipe, verdict: dict[str, Any], ms: float, fp32_ms: float) -> dict[str, Any]:
     failed = [c for c in verdict["checks"] if not c["passed"]]
-    key = {"classify": "top-1 agreement >=", "dense": "mask IoU (mean) >="}.get(verdict["task"])
+    key = {"classify": "top-1 agreement >=", "dense": "mask IoU (mean) >=", "detect": "detection recall >="}.get(
+        verdict["task"]
+    )
     shown = next((c for c in verdict["checks"] if c["check"] == key), None) or verdict["checks"][0]
     return {
         "recipe": r.name,
@@ -285,7 +293,7 @@ def _preprocessor(
     opts: QuantizeOptions, metadata: dict[str, str], shape: list[Any], input_type: str
 ) -> Preprocessor | None:
     try:
-        return resolve_preprocessor(opts.preprocess, metadata, shape, input_type)
+        return resolve_preprocessor(opts.preprocess, metadata, shape, input_type, None if opts.shape else opts.calib)
     except EdgedError as exc:
         if holds_tensors(opts.calib):
             log.info("preprocessing unresolved (%s); the calibration set must hold ready tensors", exc)

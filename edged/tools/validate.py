@@ -8,6 +8,7 @@ is on agreement (top-1, top-k, cosine similarity), not on equality; the report s
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ class Thresholds:
     min_topk: float | None = None
     min_cosine: float | None = 0.98
     min_mask_iou: float | None = 0.9  # dense maps: IoU of the thresholded masks
+    min_detection_match: float | None = 0.9  # detectors: precision and recall of the candidate's boxes
     max_abs: float | None = None
     require_allclose: bool = False
 
@@ -52,7 +54,7 @@ class ValidateOptions:
     top_k: int = 5
     rtol: float = 1e-3
     atol: float = 1e-3
-    task: str = "auto"  # auto | classify | dense | raw
+    task: str = "auto"  # auto | classify | detect | dense | raw
     mask_threshold: float = 0.5  # dense maps: a pixel is "on" above this
     ref_provider: str = CPU
     provider: str = CPU
@@ -64,21 +66,45 @@ def validate_models(ref: Path, cand: Path, opts: ValidateOptions, gates: Thresho
     """Run both models on the frames and return the report; `report["passed"]` is the gate's verdict."""
     with open_model(ref, opts.ref_provider) as a, open_model(cand, opts.provider) as b:
         _check_compatible(a, b)
-        pre = _preprocessor(a, b, opts.preprocess)
+        pre = _preprocessor(a, b, opts.preprocess, opts.data)
         inputs = load_inputs(opts.data, pre, a.input_shape, opts.limit)
         outs_a, outs_b = _run_both(a, b, inputs, opts.progress)
+        task = output_task(tuple(np.asarray(outs_a[0][0]).shape), opts.task)
+        detector = _detector(a, pre) if task == "detect" else None
         report: dict[str, Any] = {
             "reference": {"path": str(ref), "provider": a.provider, "sha256": a.sha256},
             "candidate": {"path": str(cand), "provider": b.provider, "sha256": b.sha256},
             "data": {"source": str(opts.data), "kind": describe(opts.data), "frames": len(inputs)},
-            **judge(a.output_names, outs_a, outs_b, opts, gates),
+            **judge(a.output_names, outs_a, outs_b, opts, gates, detector),
             "note": IDENTICAL_NOTE,
         }
+    _name_classes(report.get("classification"), a.metadata)
     return report
 
 
-def judge(
-    names: list[str], outs_a: list[list[Tensor]], outs_b: list[list[Tensor]], opts: ValidateOptions, gates: Thresholds
+def _name_classes(cls: dict[str, Any] | None, metadata: dict[str, str]) -> None:
+    """Disagreements with the model's labels beside the class indices."""
+    from edged.model.postprocess import load_labels  # noqa: PLC0415
+
+    labels = load_labels(None, metadata)
+    if cls is None or not labels:
+        return
+    for d in cls["disagreeing_frames"]:
+        for side in ("reference", "candidate"):
+            index = d[side]
+            d[f"{side}_label"] = labels[index] if 0 <= index < len(labels) else str(index)
+
+
+Detector = Callable[[list[Tensor]], list[dict[str, Any]]]
+
+
+def judge(  # noqa: PLR0917  (both models' outputs and how to judge them)
+    names: list[str],
+    outs_a: list[list[Tensor]],
+    outs_b: list[list[Tensor]],
+    opts: ValidateOptions,
+    gates: Thresholds,
+    detector: Detector | None = None,
 ) -> dict[str, Any]:
     """Compare two models' outputs on the same frames by the task the first output serves: `task`,
     `classification` or `dense` (the measures of that task), `outputs` (errors and cosine per output),
@@ -91,6 +117,7 @@ def judge(
         "task": task,
         "classification": _classification(first_a, first_b, opts.top_k) if task == "classify" else None,
         "dense": _dense(first_a, first_b, opts.mask_threshold) if task == "dense" else None,
+        "detection": _detection(outs_a, outs_b, detector) if task == "detect" and detector is not None else None,
         "outputs": [_compare(name, _stack(outs_a, i), _stack(outs_b, i), opts) for i, name in enumerate(names)],
     }
     parts["checks"] = _checks(parts, gates)
@@ -99,17 +126,71 @@ def judge(
 
 
 def output_task(shape: tuple[int, ...], task: str = "auto") -> str:
-    """What an output serves, from its shape (one frame's): `classify` for class scores ([1, C] or
-    [1, C, 1, 1], C > 1), `dense` for a map with spatial axes ([N, C, H, W] with H, W > 1: segmentation,
-    probability maps), else `raw`. A `task` other than auto wins."""
+    """What an output serves, from its shape (one frame's): `detect` for a YOLO-style head or ready boxes,
+    `classify` for class scores ([1, C] or [1, C, 1, 1], C > 1), `dense` for a map with spatial axes
+    ([N, C, H, W] with H, W > 1: segmentation, probability maps), else `raw`. A `task` other than auto wins."""
     if task != "auto":
         return task
     dims = [d for d in shape[1:] if d != 1] if len(shape) > 1 else list(shape)
+    if len(shape) == 3 and min(shape[1:]) >= 5 and (max(shape[1:]) >= 1000 >= min(shape[1:]) - 5 or shape[2] in (6, 7)):
+        return "detect"  # a YOLO head ([1, 4 + nc, N] or [1, N, 5 + nc], N anchors) or ready boxes [1, N, 6]
     if len(shape) >= 4 and sum(1 for d in shape[-2:] if d > 1) == 2:
         return "dense"  # rank 3 ([1, N, 6] boxes, [1, 84, 8400] YOLO heads) is not a map: --task dense forces it
     if len(dims) == 1 and dims[0] > 1:
         return "classify"
     return "raw"
+
+
+def _detector(model: LoadedModel, pre: Preprocessor) -> Detector:
+    shapes = [list(o.shape) for o in model.session.get_outputs()]
+    return detector_for(model.output_names, shapes, model.metadata, pre.spec.size)
+
+
+def detector_for(
+    names: list[str], shapes: list[list[Any]], metadata: dict[str, str], input_size: tuple[int, int]
+) -> Detector:
+    """The daemon's own detect postprocessing (defaults, the model's labels), for judging detectors."""
+    from edged.model.detect import DetectConfig, make_detect  # noqa: PLC0415
+
+    post = make_detect(DetectConfig(type="detect"), names, shapes, metadata, input_size)
+    return lambda outputs: list(post(outputs)["detections"])
+
+
+def _detection(outs_a: list[list[Tensor]], outs_b: list[list[Tensor]], detector: Detector) -> dict[str, Any]:
+    """Detections of both models matched per frame (same label, IoU >= 0.5, best score first): precision and
+    recall of the candidate against the reference, and how far matched scores drift."""
+    matched = ref_total = cand_total = 0
+    drift: list[float] = []
+    for a, b in zip(outs_a, outs_b, strict=True):
+        ref, cand = detector(a), detector(b)
+        ref_total, cand_total = ref_total + len(ref), cand_total + len(cand)
+        free = list(range(len(ref)))
+        for c in sorted(cand, key=lambda d: -float(d["score"])):
+            best = max(
+                (i for i in free if ref[i]["label"] == c["label"]),
+                key=lambda i: _iou(ref[i]["box"], c["box"]),
+                default=None,
+            )
+            if best is not None and _iou(ref[best]["box"], c["box"]) >= 0.5:
+                free.remove(best)
+                matched += 1
+                drift.append(abs(float(c["score"]) - float(ref[best]["score"])))
+    return {
+        "reference_detections": ref_total,
+        "candidate_detections": cand_total,
+        "matched": matched,
+        "precision": matched / cand_total if cand_total else 1.0,
+        "recall": matched / ref_total if ref_total else 1.0,
+        "score_drift_mean": float(np.mean(drift)) if drift else 0.0,
+    }
+
+
+def _iou(a: list[float], b: list[float]) -> float:
+    w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = w * h
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
 
 
 def _dense(ref: npt.NDArray[np.float64], cand: npt.NDArray[np.float64], threshold: float) -> dict[str, Any]:
@@ -135,15 +216,18 @@ def _check_compatible(a: LoadedModel, b: LoadedModel) -> None:
         raise ToolError(f"the models take different input types: {a.input_type} vs {b.input_type}")
 
 
-def _preprocessor(a: LoadedModel, b: LoadedModel, overrides: PreprocessConfig | None) -> Preprocessor:
+def _preprocessor(a: LoadedModel, b: LoadedModel, overrides: PreprocessConfig | None, data: Path) -> Preprocessor:
     """The reference's preprocessing; the candidate's when the reference cannot tell (e.g. dynamic fp32 axes)."""
     try:
         return resolve_preprocessor(overrides, a.metadata, a.input_shape, a.input_type)
     except EdgedError as first:
-        if METADATA_KEY not in b.metadata:
+        if METADATA_KEY in b.metadata:
+            log.info("using the candidate's %s metadata (%s)", METADATA_KEY, first)
+            return resolve_preprocessor(overrides, b.metadata, b.input_shape, b.input_type)
+        try:
+            return resolve_preprocessor(overrides, a.metadata, a.input_shape, a.input_type, data)
+        except EdgedError:
             raise ToolError(f"{first}; give --preprocess '{{\"size\": [W, H]}}'") from first
-        log.info("using the candidate's %s metadata (%s)", METADATA_KEY, first)
-        return resolve_preprocessor(overrides, b.metadata, b.input_shape, b.input_type)
 
 
 def _run_both(
@@ -224,6 +308,11 @@ def _checks(report: dict[str, Any], gates: Thresholds) -> list[dict[str, Any]]:
         add(
             f"top-{cls['top_k']} overlap >=", cls["topk_overlap"], gates.min_topk, cls["topk_overlap"] >= gates.min_topk
         )
+    det = report.get("detection")
+    if det is not None and gates.min_detection_match is not None:
+        limit = gates.min_detection_match
+        add("detection precision >=", det["precision"], limit, det["precision"] >= limit)
+        add("detection recall >=", det["recall"], limit, det["recall"] >= limit)
     dense = report.get("dense")
     if dense is not None and gates.min_mask_iou is not None:
         add(
@@ -252,10 +341,8 @@ def _checks(report: dict[str, Any], gates: Thresholds) -> list[dict[str, Any]]:
     return checks
 
 
-def render_validate(report: dict[str, Any]) -> None:
-    """Print agreement, per-output errors, the checks and the verdict."""
-    from rich.table import Table  # noqa: PLC0415
-
+def render_validate(report: dict[str, Any], *, wide: bool = False) -> None:
+    """Print agreement, per-output errors, the checks and the verdict (80 columns; `wide`: every figure)."""
     console = stdout_console()
     ref, cand = report["reference"], report["candidate"]
     console.print(
@@ -270,7 +357,16 @@ def render_validate(report: dict[str, Any]) -> None:
             f"{cls['distinct_top1']} distinct class(es)"
         )
         for d in cls["disagreeing_frames"]:
-            console.print(f"  frame {d['frame']}: reference says {d['reference']}, candidate {d['candidate']}")
+            ref_says = d.get("reference_label", d["reference"])
+            cand_says = d.get("candidate_label", d["candidate"])
+            console.print(f"  frame {d['frame']}: reference says {ref_says}, candidate {cand_says}")
+    det = report.get("detection")
+    if det is not None:
+        console.print(
+            f"detections: {det['matched']} matched (same label, IoU >= 0.5) of {det['reference_detections']} "
+            f"reference / {det['candidate_detections']} candidate: precision {det['precision']:.2%}, recall "
+            f"{det['recall']:.2%}, score drift {det['score_drift_mean']:.4f}"
+        )
     dense = report.get("dense")
     if dense is not None:
         console.print(
@@ -278,37 +374,38 @@ def render_validate(report: dict[str, Any]) -> None:
             f"{dense['worst_frame']}); {dense['pixel_agreement']:.2%} of pixels agree at threshold "
             f"{dense['threshold']:g}"
         )
-    table = Table(title="per output", title_justify="left", header_style="bold")
-    for col in (
-        "output",
-        "max abs err",
-        "(frame, index)",
-        "mean abs err",
-        "p99 abs err",
-        "ref range",
-        "cosine mean",
-        "cosine min (frame)",
-        "allclose",
-    ):
-        table.add_column(col, justify="left" if col == "output" else "right")
-    for o in report["outputs"]:
-        at = o["max_error_at"]
-        table.add_row(
-            o["name"],
-            f"{o['max_abs_error']:.4g}",
-            f"({at['frame']}, {at['index']})",
-            f"{o['mean_abs_error']:.4g}",
-            f"{o['p99_abs_error']:.4g}",
-            f"{o['reference_range']:.4g}",
-            f"{o['cosine_mean']:.5f}",
-            f"{o['cosine_min']:.5f} ({o['worst_cosine_frame']})",
-            f"{'yes' if o['allclose'] else 'no'} "
-            f"({o['allclose_fraction']:.1%} within rtol={o['rtol']:g}, atol={o['atol']:g})",
-        )
-    console.print(table)
+    console.print(_output_table(report["outputs"], wide=wide))
     console.print(f"[dim]{report['note']}[/]")
     for c in report["checks"]:
         mark = "[green]PASS[/]" if c["passed"] else "[red]FAIL[/]"
         value = c["value"] if isinstance(c["value"], bool) else f"{c['value']:.5g}"
         console.print(f"{mark} {c['check']} {c['threshold']}: {value}")
     console.print("[bold green]passed[/]" if report["passed"] else "[bold red]FAILED[/]: exit 1")
+
+
+def _output_table(outputs: list[dict[str, Any]], *, wide: bool) -> Any:
+    """Per-output errors: five columns that fit 80, or every figure with `wide` (`--wide`)."""
+    from rich.table import Table  # noqa: PLC0415
+
+    cols = ["output", "max abs err", "cosine mean", "cosine min (frame)", "allclose"]
+    if wide:
+        cols[2:2] = ["(frame, index)", "mean abs err", "p99 abs err", "ref range"]
+    table = Table(title="per output", title_justify="left", header_style="bold")
+    for col in cols:
+        table.add_column(col, justify="left" if col == "output" else "right", overflow="fold")
+    for o in outputs:
+        at = o["max_error_at"]
+        cells = {
+            "output": o["name"],
+            "max abs err": f"{o['max_abs_error']:.4g}",
+            "(frame, index)": f"({at['frame']}, {at['index']})",
+            "mean abs err": f"{o['mean_abs_error']:.4g}",
+            "p99 abs err": f"{o['p99_abs_error']:.4g}",
+            "ref range": f"{o['reference_range']:.4g}",
+            "cosine mean": f"{o['cosine_mean']:.5f}",
+            "cosine min (frame)": f"{o['cosine_min']:.5f} ({o['worst_cosine_frame']})",
+            "allclose": f"{o['allclose_fraction']:.1%}"
+            + (f" (rtol={o['rtol']:g}, atol={o['atol']:g})" if wide else ""),
+        }
+        table.add_row(*(cells[c] for c in cols))
+    return table
