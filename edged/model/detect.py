@@ -16,7 +16,6 @@ the letterbox or stretch of the frame they came from (`Geometry`), clipped to th
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -25,7 +24,7 @@ from pydantic import Field
 
 from edged.core.errors import ModelError
 from edged.core.settings import Strict
-from edged.model.postprocess import POSTPROCESSORS, Postprocessor, load_labels
+from edged.model.postprocess import POSTPROCESSORS, Labels, Postprocessor, labels_field, load_labels
 from edged.model.preprocess import Geometry
 
 log = logging.getLogger(__name__)
@@ -51,11 +50,7 @@ class DetectConfig(Strict):
     classes: list[str | int] | None = Field(
         None, description="Report only these classes (labels or indices); default every class."
     )
-    labels: list[str] | Path | None = Field(
-        None,
-        description="The labels in class order: inline ([person, car]) or a UTF-8 text file with one label per line "
-        "(blank lines skipped); default: the model's edged.labels metadata.",
-    )
+    labels: Labels = labels_field()
     normalized: Literal["auto", "yes", "no"] = Field(
         "auto", description="Box coordinates in 0..1 of the model input (auto: when every coordinate is <= 1.5)."
     )

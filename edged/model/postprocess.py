@@ -18,16 +18,24 @@ from edged.model.preprocess import Geometry
 LABELS_KEY = "edged.labels"
 
 
+Labels = list[str] | Path | None
+
+
+def labels_field() -> Any:
+    """The `labels` key of a postprocess section (classify, detect)."""
+    return Field(
+        None,
+        description="The labels in class order: inline ([person, car]) or a UTF-8 text file with one label per line "
+        "(blank lines skipped); default: the model's edged.labels metadata.",
+    )
+
+
 class ClassifyConfig(Strict):
     """Classification: softmax if the model gives logits, top-k with labels."""
 
     type: Literal["classify"] = Field(description="Postprocessor type key.")
     top_k: int = Field(3, ge=1, le=1000, description="How many classes to report.")
-    labels: list[str] | Path | None = Field(
-        None,
-        description="The labels in class order: inline ([person, car]) or a UTF-8 text file with one label per line "
-        "(blank lines skipped); default: the model's edged.labels metadata.",
-    )
+    labels: Labels = labels_field()
     softmax: Literal["auto", "always", "never"] = Field(
         "auto", description="auto: apply softmax unless the outputs already sum to 1."
     )

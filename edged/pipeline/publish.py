@@ -97,44 +97,44 @@ class Every:
         return True, self._changes.changed(result)
 
 
-@PUBLISH_FILTERS.register("on_change", OnChangeConfig)
-class OnChange:
-    """A result leaves when its signature changed, or as a heartbeat every `interval_s` (when > 0)."""
+class _Paced:
+    """A filter with a period: `interval_s` and when a result was last published."""
 
-    def __init__(self, cfg: OnChangeConfig, clock: Clock = time.monotonic) -> None:
+    def __init__(self, cfg: OnChangeConfig | IntervalConfig, clock: Clock = time.monotonic) -> None:
         self.interval_s = cfg.interval_s
         self.clock = clock
         self._changes = _Changes()
         self._last_publish: float | None = None
+
+    def _publish_if(self, publish: bool, changed: bool) -> tuple[bool, bool]:
+        if publish:
+            self._last_publish = self.clock()
+        return publish, changed
+
+    def _due(self) -> bool:
+        """The first result, or `interval_s` (> 0) since the last published one."""
+        last = self._last_publish
+        return last is None or (self.interval_s > 0 and self.clock() - last >= self.interval_s)
+
+
+@PUBLISH_FILTERS.register("on_change", OnChangeConfig)
+class OnChange(_Paced):
+    """A result leaves when its signature changed, or as a heartbeat every `interval_s` (when > 0)."""
 
     def decide(self, result: dict[str, Any]) -> tuple[bool, bool]:
         """Changed, or the heartbeat is due."""
         changed = self._changes.changed(result)
-        now = self.clock()
-        due = self._last_publish is None or (self.interval_s > 0 and now - self._last_publish >= self.interval_s)
-        if changed or due:
-            self._last_publish = now
-        return changed or due, changed
+        return self._publish_if(changed or self._due(), changed)
 
 
 @PUBLISH_FILTERS.register("interval", IntervalConfig)
-class Interval:
+class Interval(_Paced):
     """At most one result every `interval_s` (the first one at once)."""
-
-    def __init__(self, cfg: IntervalConfig, clock: Clock = time.monotonic) -> None:
-        self.interval_s = cfg.interval_s
-        self.clock = clock
-        self._changes = _Changes()
-        self._last_publish: float | None = None
 
     def decide(self, result: dict[str, Any]) -> tuple[bool, bool]:
         """Published when the interval since the last published result has passed."""
         changed = self._changes.changed(result)
-        now = self.clock()
-        due = self._last_publish is None or now - self._last_publish >= self.interval_s
-        if due:
-            self._last_publish = now
-        return due, changed
+        return self._publish_if(self._due(), changed)
 
 
 def make_filter(cfg: Any, clock: Clock = time.monotonic) -> PublishFilter:
