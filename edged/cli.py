@@ -134,6 +134,10 @@ def _quantize_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     q.add_argument("--per-tensor", action="store_true", help="per-tensor weights instead of per-channel")
     q.add_argument("--asymmetric-activations", action="store_true", help="activation zero points other than 0")
     q.add_argument(
+        "--exclude-nodes",
+        help="fixed recipe: nodes to leave in float, a,b,c (as the search's edged.quantization metadata lists them)",
+    )
+    q.add_argument(
         "--reduce-range",
         choices=("auto", "yes", "no"),
         default="auto",
@@ -155,7 +159,12 @@ def _validate_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     v.add_argument("--min-top1", type=float, default=0.95, help="top-1 agreement (classifiers; default 0.95)")
     v.add_argument("--min-topk", type=float, default=None, help="top-k overlap (default: not enforced)")
     v.add_argument("--top-k", type=int, default=5, help="k of the top-k overlap (default 5)")
-    v.add_argument("--min-cosine", type=float, default=0.98, help="mean cosine similarity per output (default 0.98)")
+    v.add_argument(
+        "--min-cosine",
+        type=float,
+        default=0.98,
+        help="mean cosine similarity per output not judged by its boxes or masks (default 0.98)",
+    )
     v.add_argument("--max-abs", type=float, default=None, help="max absolute error per output (default: not enforced)")
     v.add_argument("--rtol", type=float, default=1e-3, help="np.allclose rtol (default 1e-3)")
     v.add_argument("--atol", type=float, default=1e-3, help="np.allclose atol (default 1e-3)")
@@ -171,6 +180,12 @@ def _validate_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
         "--min-detection-match", type=float, default=0.9, help="detectors: precision and recall (default 0.9)"
     )
     v.add_argument("--min-mask-iou", type=float, default=0.9, help="dense maps: mask IoU (default 0.9)")
+    v.add_argument(
+        "--max-pixel-error",
+        type=float,
+        default=0.02,
+        help="dense maps: mean absolute error per pixel as a share of the map's range (default 0.02)",
+    )
     v.add_argument("--mask-threshold", type=float, default=0.5, help="dense maps: pixel on above (default 0.5)")
     v.add_argument("--ref-provider", default="CPUExecutionProvider", help="provider of the reference")
     v.add_argument("--provider", default="CPUExecutionProvider", help="provider of the candidate")

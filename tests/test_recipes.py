@@ -11,11 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import pytest
-from tools_models import make_conv_model, make_frames
+from tools_models import make_conv_model, make_frames, make_outlier_model
 
-from edged.tools import recipes
+from edged.tools import recipes, sensitivity
 from edged.tools.quantize import Int8SlowerError, QuantizeOptions, quantize_model
 
 pytestmark = pytest.mark.integration  # quantizes a model with every candidate recipe
@@ -133,3 +134,66 @@ def test_targets_and_recipes_are_named() -> None:
     assert all(r.symmetric_activations and r.activation_type == "int8" for r in recipes.candidates("tensorrt"))
     with pytest.raises(Exception, match="unknown recipe 'nope'"):
         recipes.recipe("nope")
+
+
+def test_when_the_fastest_recipe_loses_the_answers_its_noisiest_stretch_is_kept_in_float(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a tensor int8 cannot hold (one channel x1000 sets the range; the channels the convolution reads round
+    # to zero): every full recipe fails, the error analysis finds the Mul -> Conv -> Relu stretch
+    fp32 = make_outlier_model(tmp_path / "outlier.onnx")
+    calib = make_frames(tmp_path / "calib.npz", 40, seed=3)
+    monkeypatch.setattr(recipes, "time_models", fake_times({"u8s8": 1.0, "u8s8-float-noisiest": 2.0}, fp32_ms=4.0))
+    out = tmp_path / "q.onnx"
+    report = quantize_model(fp32, out, QuantizeOptions(calib=calib, progress=False, target="cpu"))
+    rows = {row["recipe"]: row for row in report["search"]["table"]}
+    assert not any(rows[name]["passed"] for name in recipes.CANDIDATES["cpu"])
+    derived = rows["u8s8-float-noisiest"]  # derived from the fastest, which failed
+    assert derived["passed"]
+    assert {"Mul_0", "Conv_1"} <= set(derived["kept_in_float"])
+    assert report["search"]["chosen"] == "u8s8-float-noisiest"
+    assert report["search"]["speedup"] == 2.0
+    recorded = quantization_of(out)
+    assert recorded["recipe"] == "u8s8-float-noisiest"
+    assert recorded["exclude_nodes"] == derived["kept_in_float"]
+    # the nodes are named in the model as quantize prepares it: the recorded recipe reproduces with the CLI
+    again = tmp_path / "again.onnx"
+    proc = subprocess.run(
+        [sys.executable, "-m", "edged", "quantize", str(fp32), "-o", str(again), "--calib", str(calib),
+         "--recipe", "u8s8", "--exclude-nodes", ",".join(recorded["exclude_nodes"]), "--json"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["quantization"]["exclude_nodes"] == recorded["exclude_nodes"]
+
+
+def test_the_error_analysis_ranks_where_the_error_comes_in(tmp_path: Path) -> None:
+    model = onnx.load(str(make_outlier_model(tmp_path / "outlier.onnx")))
+    assert sensitivity.name_nodes(model) == 6  # nodes are left out of quantization by name
+    fp32 = tmp_path / "named.onnx"
+    onnx.save(model, str(fp32))
+    int8 = tmp_path / "int8.onnx"
+    calib = make_frames(tmp_path / "calib.npz", 12, seed=3)
+    quantize_model(fp32, int8, QuantizeOptions(calib=calib, progress=False, recipe="u8s8"))
+    rng = np.random.default_rng(0)
+    inputs = [rng.uniform(-2, 2, (1, 3, 16, 16)).astype(np.float32) for _ in range(4)]
+    errors = sensitivity.tensor_errors(fp32, int8, "image", inputs, tmp_path)
+    worst = errors[0]
+    assert worst.added_db > 20  # the convolution's answer is lost to the boosted channel's range
+    assert {"Mul_0", "Conv_1"} <= set(worst.region)  # the stretch back to the last tensor int8 held well
+    assert errors[-1].added_db < 1  # a stretch that adds no error ranks last
+    assert set(sensitivity.nodes_to_float(fp32, errors)) >= {"Mul_0", "Conv_1", "GlobalAveragePool_3"}
+
+
+def test_a_derived_recipe_or_unknown_nodes_are_refused_with_what_to_give(
+    model_and_frames: tuple[Path, Path], tmp_path: Path
+) -> None:
+    fp32, calib = model_and_frames
+    with pytest.raises(Exception, match="--recipe u8s8 --exclude-nodes"):
+        recipes.recipe("u8s8-float-noisiest")
+    with pytest.raises(Exception, match="does not have: Conv_99"):
+        quantize_model(
+            fp32,
+            tmp_path / "q.onnx",
+            QuantizeOptions(calib=calib, progress=False, recipe="u8s8", exclude_nodes=("Conv_99",)),
+        )

@@ -44,7 +44,9 @@ def test_a_probability_map_is_judged_by_mask_iou_not_as_a_classifier(tmp_path: P
     dense = report["dense"]
     assert dense["mask_iou_mean"] > 0.9
     assert dense["pixel_agreement"] > 0.95
-    assert [c["check"] for c in report["checks"]] == ["mask IoU (mean) >=", "prob: mean cosine >="]
+    assert dense["pixel_error"] < 0.02
+    # the map is gated by its masks and pixel error, not by cosine (a mostly-empty map's cosine says little)
+    assert [c["check"] for c in report["checks"]] == ["mask IoU (mean) >=", "pixel error (share of range) <="]
     assert report["passed"]
     strict = validate_models(fp32, int8, ValidateOptions(data=frames, progress=False), Thresholds(min_mask_iou=1.01))
     assert not strict["passed"]  # the gate is enforced

@@ -109,3 +109,38 @@ def make_map_model(path: Path, *, seed: int = 0) -> Path:
     onnx.checker.check_model(model)
     onnx.save(model, path)
     return path
+
+
+def make_outlier_model(path: Path, *, seed: int = 0) -> Path:
+    """A classifier whose first tensor int8 cannot hold: the blue channel is multiplied by 1000 (a sensor's
+    raw count beside normalised colours) and the convolution ignores it, so with one range for the tensor
+    the channels it reads round to zero. Keeping the convolution and its input in float fixes it."""
+    rng = np.random.default_rng(seed)
+    w1 = rng.normal(0, 0.5, (12, 3, 3, 3)).astype(np.float32)
+    w1[:, 0] = 0.0  # the boosted channel carries nothing the classifier uses
+    x = helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, SIZE, SIZE])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, CLASSES])
+    nodes = [
+        helper.make_node("Mul", ["image", "boost"], ["boosted"]),
+        helper.make_node("Conv", ["boosted", "W1", "B1"], ["conv"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["conv"], ["relu"]),
+        helper.make_node("GlobalAveragePool", ["relu"], ["pool"]),
+        helper.make_node("Flatten", ["pool"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "W2", "B2"], ["logits"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([1000.0, 1.0, 1.0], np.float32).reshape(1, 3, 1, 1), "boost"),
+        numpy_helper.from_array(w1, "W1"),
+        numpy_helper.from_array(rng.normal(0, 0.1, 12).astype(np.float32), "B1"),
+        numpy_helper.from_array(rng.normal(0, 1.0, (12, CLASSES)).astype(np.float32), "W2"),
+        numpy_helper.from_array(np.zeros(CLASSES, np.float32), "B2"),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "outlier", [x], [y], initializer=inits), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    model.ir_version = 7
+    spec = PreprocessSpec(size=(SIZE, SIZE), mean=(0.5,), std=(0.25,))
+    helper.set_model_props(model, {"edged.preprocess": spec.to_metadata()})
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path

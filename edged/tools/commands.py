@@ -57,6 +57,8 @@ def _quantize(args: argparse.Namespace) -> int:
 
     fixed = [args.method, args.activation_type, args.weight_type, args.per_tensor or None]
     fixed.append(args.asymmetric_activations or None)
+    exclude = tuple(n.strip() for n in (args.exclude_nodes or "").split(",") if n.strip())
+    fixed.append(exclude or None)
     opts = QuantizeOptions(
         calib=args.calib,
         method=args.method or "minmax",
@@ -65,6 +67,7 @@ def _quantize(args: argparse.Namespace) -> int:
         per_channel=not args.per_tensor,
         reduce_range={"auto": None, "yes": True, "no": False}[args.reduce_range],
         symmetric_activations=False if args.asymmetric_activations else None,
+        exclude_nodes=exclude,
         search=all(f is None for f in fixed),  # today's flags are a fixed recipe: no search
         recipe=args.recipe,
         target=args.target,
@@ -123,6 +126,7 @@ def _validate(args: argparse.Namespace) -> int:
         min_topk=args.min_topk,
         min_cosine=args.min_cosine,
         min_mask_iou=args.min_mask_iou,
+        max_pixel_error=args.max_pixel_error,
         min_detection_match=args.min_detection_match,
         max_abs=args.max_abs,
         require_allclose=args.require_allclose,

@@ -12,7 +12,7 @@ held-out calibration frames the way `edged validate` does, and keeps the fastest
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +39,23 @@ class Recipe:
     per_channel: bool = True
     method: str = "minmax"
     op_types: tuple[str, ...] | None = None  # quantize only these op types; None: every one ORT can
+    exclude_nodes: tuple[str, ...] = ()  # nodes left in float (the noisiest, found by measuring)
 
     def describe(self) -> str:
         """One line: what this recipe does."""
         acts = f"{self.activation_type} {'symmetric' if self.symmetric_activations else 'asymmetric'}"
         weights = f"{self.weight_type} {'per-channel' if self.per_channel else 'per-tensor'}"
         ops = "all ops" if self.op_types is None else "only " + "/".join(self.op_types)
+        if self.exclude_nodes:
+            ops += f" but {len(self.exclude_nodes)} noisiest nodes"
         return f"activations {acts}, weights {weights}, {self.method}, {ops}"
+
+    def keeping_in_float(self, nodes: tuple[str, ...]) -> Recipe:
+        """This recipe with `nodes` left out of quantization."""
+        return replace(self, name=f"{self.name}{NOISIEST_SUFFIX}", exclude_nodes=nodes)
+
+
+NOISIEST_SUFFIX = "-float-noisiest"  # a recipe derived from another by keeping its noisiest tensors in float
 
 
 RECIPES = {
@@ -54,16 +64,26 @@ RECIPES = {
         Recipe("s8-sym"),  # the only QDQ form TensorRT takes; the CPU runs it too
         Recipe("s8-sym-percentile", method="percentile"),
         Recipe("s8-sym-per-tensor", per_channel=False),
+        Recipe("s8-sym-entropy", method="entropy"),  # what TensorRT's own calibrator minimises
         Recipe("u8s8", activation_type="uint8", symmetric_activations=False),  # folds Relu into ranges
         Recipe("u8s8-per-tensor", activation_type="uint8", symmetric_activations=False, per_channel=False),
         Recipe("u8s8-percentile", activation_type="uint8", symmetric_activations=False, method="percentile"),
+        Recipe("u8s8-entropy", activation_type="uint8", symmetric_activations=False, method="entropy"),
         Recipe("u8s8-heavy-ops", activation_type="uint8", symmetric_activations=False, op_types=HEAVY_OPS),
         Recipe("s8-sym-heavy-ops", op_types=HEAVY_OPS),
     )
 }
 CANDIDATES = {
-    "tensorrt": ("s8-sym", "s8-sym-percentile", "s8-sym-per-tensor"),
-    "cpu": ("s8-sym", "u8s8", "u8s8-per-tensor", "u8s8-percentile", "u8s8-heavy-ops", "s8-sym-heavy-ops"),
+    "tensorrt": ("s8-sym", "s8-sym-percentile", "s8-sym-entropy", "s8-sym-per-tensor"),
+    "cpu": (
+        "s8-sym",
+        "u8s8",
+        "u8s8-per-tensor",
+        "u8s8-percentile",
+        "u8s8-entropy",
+        "u8s8-heavy-ops",
+        "s8-sym-heavy-ops",
+    ),
 }
 
 
@@ -83,6 +103,12 @@ def candidates(target: str) -> list[Recipe]:
 
 def recipe(name: str) -> Recipe:
     """A recipe by name (`--recipe`)."""
+    if name.endswith(NOISIEST_SUFFIX) and name.removesuffix(NOISIEST_SUFFIX) in RECIPES:
+        base = name.removesuffix(NOISIEST_SUFFIX)
+        raise ToolError(
+            f"{name} is {base} with some nodes kept in float: give --recipe {base} --exclude-nodes with the "
+            "nodes the model's edged.quantization metadata lists"
+        )
     try:
         return RECIPES[name]
     except KeyError:

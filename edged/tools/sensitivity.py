@@ -1,0 +1,158 @@
+"""Where an int8 model loses its accuracy: fp32 and int8 intermediate outputs compared tensor by tensor.
+
+Both models are augmented to output every intermediate tensor (onnxruntime.quantization.qdq_loss_debug), run
+on a few calibration frames, and each tensor of the int8 model (its dequantized value) is compared with the
+same tensor of the fp32 model as a signal-to-quantization-noise ratio (SQNR, dB). Error accumulates along
+the graph, so a tensor is ranked by the SQNR its producing node *loses* against the worst of its inputs:
+the nodes where the error comes in, not the deep ones that only inherit it. Such a node is kept in float
+with its neighbourhood: the nodes that make its inputs and the nodes that read its output, so that neither
+side of it is quantized (a tensor between two quantized nodes gets a Q/DQ pair even when the node between
+is left out; and a node can lose its answer to an input whose SQNR looks fine, when an outlier in one
+channel sets the range and the channel it needs rounds to zero).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edged.core.errors import ToolError
+from edged.tools.common import require_onnx
+from edged.tools.frames import Tensor
+
+log = logging.getLogger(__name__)
+
+FRAMES = 8  # enough to rank the nodes; the activations of every tensor of both models are held in memory
+SHARE = 0.05  # of the quantized graph's nodes whose output tensors stay in float
+CLEAN_DB = 60.0  # the SQNR a node's input counts as when nothing before it was quantized
+
+
+@dataclass(frozen=True)
+class TensorError:
+    """How much SQNR is lost between the nearest measured tensors before `tensor` and `tensor` itself
+    (`added_db`), the SQNR left (`sqnr_db`), and the nodes that keep that stretch in float (`region`: the
+    node making `tensor`, the nodes between it and those measured inputs, and the makers of those inputs)."""
+
+    tensor: str
+    node: str
+    op_type: str
+    sqnr_db: float
+    added_db: float
+    region: tuple[str, ...]
+
+
+@dataclass
+class _Graph:
+    makers: dict[str, Any]  # tensor -> the node that makes it
+    readers: dict[str, list[str]]  # tensor -> names of the nodes that read it
+
+    @classmethod
+    def of(cls, graph: Any) -> _Graph:
+        makers: dict[str, Any] = {}
+        readers: dict[str, list[str]] = {}
+        for node in graph.node:
+            for name in node.input:
+                readers.setdefault(name, []).append(node.name)
+            for name in node.output:
+                makers[name] = node
+        return cls(makers, readers)
+
+    def upstream(self, node: Any, measured: dict[str, float]) -> tuple[float, set[str]]:
+        """The worst SQNR of the nearest measured tensors above `node` (through tensors the int8 model does
+        not hold, such as a Relu folded into its convolution), and the nodes on the way, their makers included."""
+        worst, region, todo, seen = CLEAN_DB, {node.name}, list(node.input), set()
+        while todo and len(region) < MAX_REGION:
+            name = todo.pop()
+            if name in seen or name not in self.makers:
+                continue  # a graph input or a weight
+            seen.add(name)
+            maker = self.makers[name]
+            region.add(maker.name)
+            if name in measured:
+                worst = min(worst, measured[name])
+            else:
+                todo.extend(maker.input)
+        return worst, region
+
+
+MAX_REGION = 8  # nodes one stretch may keep in float
+
+
+def tensor_errors(
+    float_model: Path, int8_model: Path, input_name: str, inputs: list[Tensor], tmp: Path
+) -> list[TensorError]:
+    """Every tensor both models hold, noisiest (most SQNR lost on the way to it) first."""
+    from onnxruntime.quantization import qdq_loss_debug as debug  # noqa: PLC0415
+
+    onnx = require_onnx()
+    frames = inputs[:FRAMES]
+    activations = []
+    # ORT's calibrater prints to stdout, which is for --json
+    with contextlib.redirect_stdout(sys.stderr):
+        for label, path in (("fp32", float_model), ("int8", int8_model)):
+            augmented = tmp / f"{path.stem}.{label}.debug.onnx"
+            try:
+                debug.modify_model_output_intermediate_tensors(str(path), str(augmented))
+                activations.append(debug.collect_activations(str(augmented), _feeds(input_name, frames)))
+            except Exception as exc:
+                raise ToolError(f"could not read the {label} model's intermediate outputs: {exc}") from exc
+    float_acts, int8_acts = activations
+    matched = debug.create_activation_matching(int8_acts, float_acts)
+    sqnr = {
+        name: debug.compute_signal_to_quantization_noice_ratio(m["float"], m["post_qdq"])
+        for name, m in matched.items()
+        if m.get("float")
+    }
+    graph = onnx.load(str(float_model)).graph
+    shape = _Graph.of(graph)
+    found: list[TensorError] = []
+    for node in graph.node:
+        for out in node.output:
+            if out in sqnr:
+                before, region = shape.upstream(node, sqnr)
+                found.append(TensorError(out, node.name, node.op_type, sqnr[out], before - sqnr[out], tuple(region)))
+    return sorted(found, key=lambda e: -e.added_db)
+
+
+def nodes_to_float(float_model: Path, errors: list[TensorError], share: float = SHARE) -> tuple[str, ...]:
+    """The names of the nodes to leave out of quantization for the noisiest stretches (the worst `share` of
+    the graph's nodes, at least one): each stretch's region and the readers of its output, so that no Q/DQ
+    pair is left on either side of it."""
+    onnx = require_onnx()
+    graph = onnx.load(str(float_model)).graph
+    shape = _Graph.of(graph)
+    count = max(1, math.ceil(share * len(graph.node)))
+    chosen: set[str] = set()
+    for e in errors[:count]:
+        chosen.update(e.region)
+        chosen.update(shape.readers.get(e.tensor, []))
+    log.info(
+        "noisiest tensors: %s",
+        ", ".join(f"{e.tensor} ({e.op_type}, -{e.added_db:.1f} dB)" for e in errors[:count]),
+    )
+    return tuple(sorted(n for n in chosen if n))
+
+
+def name_nodes(model: Any) -> int:
+    """Give every unnamed node a unique name (nodes are left out of quantization by name); how many."""
+    taken = {n.name for n in model.graph.node if n.name}
+    named = 0
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            candidate = f"{node.op_type}_{i}"
+            while candidate in taken:
+                candidate += "_"
+            node.name = candidate
+            taken.add(candidate)
+            named += 1
+    return named
+
+
+def _feeds(input_name: str, frames: list[Tensor]) -> Iterator[dict[str, Tensor]]:
+    return iter([{input_name: x} for x in frames])
