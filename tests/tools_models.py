@@ -61,9 +61,7 @@ def make_conv_model(
     if metadata:
         spec = PreprocessSpec(size=(SIZE, SIZE), mean=(0.5,), std=(0.25,))
         props["edged.preprocess"] = spec.to_metadata()
-    helper.set_model_props(model, props)
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
+    _finish(model, path, props)
     return path
 
 
@@ -140,7 +138,12 @@ def make_outlier_model(path: Path, *, seed: int = 0) -> Path:
     )
     model.ir_version = 7
     spec = PreprocessSpec(size=(SIZE, SIZE), mean=(0.5,), std=(0.25,))
-    helper.set_model_props(model, {"edged.preprocess": spec.to_metadata()})
+    _finish(model, path, {"edged.preprocess": spec.to_metadata()})
+    return path
+
+
+def _finish(model: onnx.ModelProto, path: Path, props: dict[str, str]) -> None:
+    """Metadata, the ONNX checker, then the file: the tail every builder here shares."""
+    helper.set_model_props(model, props)
     onnx.checker.check_model(model)
     onnx.save(model, path)
-    return path
