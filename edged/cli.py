@@ -103,6 +103,28 @@ def _tool_parsers(sub: Subparsers[argparse.ArgumentParser]) -> None:
     _validate_parser(sub)
     _bench_parser(sub)
     _budget_parser(sub)
+    _ingest_parser(sub)
+
+
+def _ingest_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
+    i = sub.add_parser("ingest", help="land every device's results in SQLite or PostgreSQL, exactly once")
+    i.add_argument("--db", default="edged-results.db", help="SQLite file (default) or postgresql://... URL")
+    i.add_argument("--report", action="store_true", help="say which device lost which results and why; exit 1 "
+                   "when some were lost without a reason")  # fmt: skip
+    i.add_argument("--json", action="store_true", help="--report as JSON")
+    i.add_argument("--host", default="localhost", help="MQTT broker host")
+    i.add_argument("--port", type=int, default=1883, help="MQTT broker port")
+    i.add_argument("--group", default="edged-ingest", help="shared-subscription group ('' = plain subscription)")
+    i.add_argument("--client-id", help="MQTT client id, stable across restarts (default edged-ingest-<host name>)")
+    i.add_argument("--topic", default="edged/+/+/results", help="results topic filter")
+    i.add_argument("--stats-topic", default="edged/+/stats", help="the devices' stats topic filter")
+    i.add_argument("--batch", type=int, default=1000, help="results per transaction at most")
+    i.add_argument("--session-expiry", type=int, default=86_400, help="seconds the broker keeps our session")
+    i.add_argument("--ca-file", type=Path, help="TLS: CA of the broker's certificate")
+    i.add_argument("--cert-file", type=Path, help="TLS: client certificate")
+    i.add_argument("--key-file", type=Path, help="TLS: client key")
+    i.add_argument("--username", help="MQTT user name")
+    i.add_argument("--password-file", type=Path, help="file holding the MQTT password (not readable by others)")
 
 
 def _inspect_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
@@ -253,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911  (one return pe
             from edged.tools.commands import run_tool  # noqa: PLC0415
 
             return run_tool(args)
+        if args.command == "ingest":
+            from edged.fleet.commands import run_ingest_command  # noqa: PLC0415
+
+            return run_ingest_command(args)
         if args.command == "demo":
             from edged.demo import run_demo  # noqa: PLC0415  (keeps `edged status` light)
 

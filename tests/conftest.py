@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 from paho.mqtt.enums import CallbackAPIVersion
+from pgserver import PgServer, make_server
 
 from edged.model.preprocess import PreprocessSpec
 
@@ -252,6 +254,7 @@ def base_config(
             "port": broker.port if broker else 1,
             "reconnect_min_s": 0.1,
             "reconnect_max_s": 0.5,
+            "reconnect_spread_s": 0,  # tests wait for conditions; the spread has a test of its own
         },
         "spool": {"batch_ms": 50},
         "pipelines": [
@@ -325,9 +328,34 @@ def start_daemon() -> Iterator[Callable[[Path], DaemonProc]]:
             d.proc.communicate()
 
 
+# -- PostgreSQL (Debian's package; skipped with the reason when it is not installed) ---------------------
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    workdir = Path(tempfile.mkdtemp(prefix="edged-pg-"))  # in /tmp: the postgres user can reach it
+    server = make_server(workdir, free_port())
+    server.init()
+    server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer) -> str:
+    """A fresh, empty database on the session's PostgreSQL server."""
+    import psycopg
+
+    name = f"t{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return pg_server.url.rsplit("/", 1)[0] + f"/{name}"
+
+
 # a test that starts a broker or a daemon process is an integration test by definition; the others that
 # take long (a whole pipeline in-process, quantization) carry the marker themselves
-INTEGRATION_FIXTURES = {"broker", "own_broker", "subscribe", "start_daemon", "tls_broker", "pki"}
+INTEGRATION_FIXTURES = {"broker", "own_broker", "subscribe", "start_daemon", "tls_broker", "pki", "pg_server", "pg_url"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -191,7 +191,13 @@ def test_a_message_the_broker_always_rejects_is_dead_lettered_and_the_rest_flows
         spool.append("cam0", spool.next_seq("cam0"), time.time(), "edged/dl/cam0/results", json.dumps(body).encode())
     spool.flush()
     cfg = MqttConfig.model_validate(
-        {"host": own_broker.host, "port": own_broker.port, "reconnect_min_s": 0.05, "reconnect_max_s": 0.1}
+        {
+            "host": own_broker.host,
+            "port": own_broker.port,
+            "reconnect_min_s": 0.05,
+            "reconnect_max_s": 0.1,
+            "reconnect_spread_s": 0,
+        }
     )
     stats = MqttStats()
     pub = Publisher(cfg, "dl", spool, stats)
@@ -229,7 +235,13 @@ def test_a_broker_that_hangs_up_over_a_message_causes_no_reconnect_storm(
     for i in range(1, 101):
         put(i, 400 if i in (5, 50) else 10)
     cfg = MqttConfig.model_validate(
-        {"host": own_broker.host, "port": own_broker.port, "reconnect_min_s": 0.05, "reconnect_max_s": 0.2}
+        {
+            "host": own_broker.host,
+            "port": own_broker.port,
+            "reconnect_min_s": 0.05,
+            "reconnect_max_s": 0.2,
+            "reconnect_spread_s": 0,
+        }
     )
     stats = MqttStats()
     pub = Publisher(cfg, "storm", spool, stats)
@@ -263,7 +275,13 @@ def test_quota_reached_during_an_outage_drop_counters_match_exactly(
     spool.start()
     # the publisher retries every 0.5-1 s; the test's subscriber is back well before it
     cfg = MqttConfig.model_validate(
-        {"host": own_broker.host, "port": own_broker.port, "reconnect_min_s": 1.0, "reconnect_max_s": 1.0}
+        {
+            "host": own_broker.host,
+            "port": own_broker.port,
+            "reconnect_min_s": 1.0,
+            "reconnect_max_s": 1.0,
+            "reconnect_spread_s": 0,
+        }
     )
     stats = MqttStats()
     pub = Publisher(cfg, "quota", spool, stats)
@@ -405,6 +423,7 @@ def tls_publisher(tmp_path: Path, host: str, port: int, ca: Path, pki: Path) -> 
             "port": port,
             "reconnect_min_s": 0.05,
             "reconnect_max_s": 0.2,
+            "reconnect_spread_s": 0,
             "tls": {
                 "ca_file": str(ca),
                 "cert_file": str(pki / "good-client.crt"),

@@ -45,7 +45,14 @@ def make(tmp_path: Path, broker: Broker, **kw: object) -> tuple[Spool, Publisher
     spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=10))
     spool.start()
     cfg = MqttConfig.model_validate(
-        {"host": broker.host, "port": broker.port, "reconnect_min_s": 0.05, "reconnect_max_s": 0.2, **kw}
+        {
+            "host": broker.host,
+            "port": broker.port,
+            "reconnect_min_s": 0.05,
+            "reconnect_max_s": 0.2,
+            "reconnect_spread_s": 0,
+            **kw,
+        }
     )
     stats = MqttStats()
     return spool, Publisher(cfg, device, spool, stats), stats, device
@@ -303,4 +310,19 @@ def test_a_wrong_password_is_reported_and_nothing_is_lost(tmp_path: Path, own_br
     stop_publisher(pub, 0.5)
     assert "wrong" not in (stats.last_error or "")  # never a secret in messages
     assert spool.depth == 2
+    spool.close()
+
+
+def test_the_first_reconnect_after_a_lost_connection_is_spread_over_the_window(tmp_path: Path) -> None:
+    """A broker restart drops every device at once; each waits a random part of reconnect_spread_s first."""
+    spool = Spool(tmp_path / "s.db", SpoolConfig())
+    cfg = MqttConfig.model_validate({"reconnect_spread_s": 20})
+    pub = Publisher(cfg, "spread", spool, MqttStats())
+    delays = [pub.first_retry_delay() for _ in range(1000)]
+    assert min(delays) >= 0.0
+    assert max(delays) <= 20.0
+    per_second = [sum(1 for d in delays if s <= d < s + 1) for s in range(20)]
+    assert max(per_second) <= 100  # no second of the window gets more than 10% of a 1,000-device fleet
+    off = Publisher(MqttConfig.model_validate({"reconnect_spread_s": 0}), "at-once", spool, MqttStats())
+    assert off.first_retry_delay() == 0.0
     spool.close()

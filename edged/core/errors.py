@@ -41,3 +41,15 @@ class SecretError(EdgedError):
 
 class ToolError(EdgedError):
     """A model tool (inspect, quantize, validate, bench, budget) cannot do what was asked."""
+
+
+class IngestError(EdgedError):
+    """The ingest's database cannot be opened or written, or its broker refuses it."""
+
+
+class CommandError(EdgedError):
+    """A remote command is refused: unsigned, wrongly signed, replayed, stale, too large or malformed."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason  # a short key the counters use: "unsigned", "bad_signature", "replayed", ...
+        super().__init__(message)

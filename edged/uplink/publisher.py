@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +42,7 @@ from edged.uplink.mqttclient import (
     topic_for,
 )
 from edged.uplink.settings import MqttConfig
+from edged.uplink.sidechannel import ControlLink, SideChannel
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,9 @@ class Publisher(Supervised):
         self._rate = RateLimit(cfg.max_rate)
         self._backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
         self._refused_backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
+        self._spread = random.Random()  # noqa: S311  (jitter, not cryptography)
+        self.control: ControlLink | None = None
+        self.side = SideChannel(self._wake.set)  # command replies, events, the retained state
         spool.on_change(self._wake.set)
         with stats.lock:
             stats.broker = f"{cfg.host}:{cfg.port}"
@@ -143,9 +148,16 @@ class Publisher(Supervised):
             return
         if self.window.carried or time.monotonic() - conn.since >= STEADY_S:
             self._backoff.reset()
+            # the first attempt is jittered too: when a broker restarts, every device loses its connection
+            # in the same instant, and without this they would all knock at once when it is back
+            self._halt.wait(self.first_retry_delay())
             return
         delay = self.cfg.reconnect_min_s if conn.blamed else self._backoff.next_delay()
         self._halt.wait(delay)
+
+    def first_retry_delay(self) -> float:
+        """The wait before the first attempt after a lost connection: uniform in 0..reconnect_spread_s."""
+        return self._spread.uniform(0.0, self.cfg.reconnect_spread_s)
 
     def _connect(self) -> _Conn | None:
         conn = _Conn(new_client(self.cfg, self.client_id, self.availability_topic, self._password))
@@ -153,6 +165,7 @@ class Publisher(Supervised):
         client.on_connect = lambda _c, _u, _f, rc, _p: self._on_connect(conn, rc)
         client.on_disconnect = lambda _c, _u, _f, rc, _p: self._on_disconnect(conn, rc)
         client.on_publish = lambda _c, _u, mid, rc, _p: self._on_publish(mid, rc)
+        client.on_message = lambda _c, _u, msg: self._on_message(msg)
         try:
             client.connect(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive_s)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: no plaintext fallback, ever
@@ -184,11 +197,15 @@ class Publisher(Supervised):
         self._seen_changes = -1
         self._next_stats = 0.0
         conn.client.publish(self.availability_topic, "online", qos=1, retain=True)
+        if self.control is not None:
+            conn.client.subscribe([(t, 1) for t in self.control.topics()])
+            self.control.connected()
         while conn.connected:
             self._wake.clear()  # before the work: a wake-up during it is not lost
             if self._halt.is_set() and self._drained():
                 return
             self._flush_acks()
+            self.side.drain(conn.client, mqtt5=self.cfg.protocol == "5")
             self._pump(conn.client)
             self._maybe_stats(conn.client)
             self._wake.wait(self._sleep_s())
@@ -320,6 +337,15 @@ class Publisher(Supervised):
             self.stats.connected = False
         if was and not self._halt.is_set():
             self._note_error(f"disconnected from {self.cfg.host}:{self.cfg.port}: {reason}")
+
+    def _on_message(self, msg: paho.MQTTMessage) -> None:
+        control = self.control
+        if control is None:
+            return
+        props = getattr(msg, "properties", None)
+        response = getattr(props, "ResponseTopic", None) if props is not None else None
+        correlation = getattr(props, "CorrelationData", None) if props is not None else None
+        control.deliver(msg.topic, bytes(msg.payload), response, correlation)
 
     def _on_publish(self, mid: int, reason: Any) -> None:
         if self.window.acked(mid, reason):

@@ -81,6 +81,12 @@ class MqttConfig(Strict):
         0.5, gt=0, description="First reconnect delay (capped exponential backoff with jitter)."
     )
     reconnect_max_s: float = Field(30.0, gt=0, description="Cap of the reconnect delay; at least reconnect_min_s.")
+    reconnect_spread_s: float = Field(
+        15.0,
+        ge=0,
+        description="After a lost connection, the first attempt waits a random 0..this many seconds, so a fleet "
+        "does not reconnect all at once when the broker comes back (0 = at once).",
+    )
     shutdown_grace_s: float = Field(3.0, ge=0, description="On stop, publish what can go within this.")
     tls: TlsConfig | None = Field(None, description="Connect with TLS (port 8883 usually).")
     username: str | None = Field(None, description="MQTT user name.")

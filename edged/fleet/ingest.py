@@ -1,0 +1,351 @@
+"""`edged ingest`: the consumer side. Results from every device land in a database exactly once.
+
+    broker ──(MQTT 5 shared subscription, persistent session)──▶ paho's thread ──(bounded queue)──▶
+    edged-ingest-db thread: batch ─▶ one transaction (duplicates ignored by key) ─▶ COMMIT ─▶ PUBACKs
+
+Delivery from the devices is at-least-once; the primary key (device, pipeline, seq) makes the rows
+exactly-once. Acknowledgements are manual (paho's `manual_ack`) and go out only after the transaction
+committed, so a crash of the ingest or of the database between receipt and commit costs a redelivery
+from the broker's session, never a row. Several ingest processes with one `--group` split the load
+(`$share/<group>/...`): the broker hands each message to one of them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import ssl
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from edged.core.backoff import Backoff
+from edged.core.errors import IngestError
+from edged.core.secrets import read_secret
+from edged.core.threads import Supervised
+from edged.fleet.ingestdb import Database, ResultRow, StatsRow
+
+log = logging.getLogger(__name__)
+
+LOG_EVERY_S = 10.0
+
+
+@dataclass
+class IngestOptions:
+    """Where to read from and how (the `edged ingest` flags)."""
+
+    host: str = "localhost"
+    port: int = 1883
+    group: str = "edged-ingest"  # shared-subscription group; "" subscribes plainly (one ingest only)
+    client_id: str = "edged-ingest"  # stable: the broker keeps this session while the ingest is away
+    results_topic: str = "edged/+/+/results"
+    stats_topic: str = "edged/+/stats"
+    batch: int = 1000  # results per transaction at most
+    flush_s: float = 0.05  # a partial batch waits at most this long for more
+    receive_max: int = 4000  # unacknowledged messages the broker may send (MQTT 5 Receive Maximum)
+    session_expiry_s: int = 86_400  # how long the broker keeps the session (and queues) while we are away
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    insecure: bool = False
+    username: str | None = None
+    password_file: Path | None = None
+
+
+@dataclass
+class IngestCounters:
+    """What the ingest did (logged every few seconds, returned by `Ingest.counters()`)."""
+
+    messages: int = 0
+    results: int = 0
+    inserted: int = 0
+    duplicates: int = 0
+    malformed: int = 0
+    stats: int = 0
+    db_errors: int = 0
+    connects: int = 0
+    last_error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Item:
+    generation: int  # the connection it came on: a PUBACK only goes back on that one
+    mid: int
+    qos: int
+    topic: str
+    payload: bytes
+
+
+class MalformedError(ValueError):
+    """A message that is not a result (or stats) message: acknowledged, counted, skipped."""
+
+
+def parse_results(payload: bytes) -> list[ResultRow]:
+    """The result rows of one message (a JSON object, or an array with `mqtt.batch` > 1)."""
+    data = json.loads(payload)
+    items = data if isinstance(data, list) else [data]
+    rows = []
+    for item in items:
+        if not isinstance(item, dict):
+            raise MalformedError("a result must be a JSON object")
+        device, pipeline, seq, ts = item.get("device"), item.get("pipeline"), item.get("seq"), item.get("ts")
+        if not isinstance(device, str) or not isinstance(pipeline, str):
+            raise MalformedError("device and pipeline must be strings")
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+            raise MalformedError("seq must be a positive integer")
+        if not isinstance(ts, int | float) or isinstance(ts, bool):
+            raise MalformedError("ts must be a number")
+        rows.append(ResultRow(device, pipeline, seq, float(ts), json.dumps(item, separators=(",", ":"))))
+    return rows
+
+
+def parse_stats(payload: bytes) -> StatsRow:
+    """A device's stats message."""
+    data = json.loads(payload)
+    if not isinstance(data, dict) or not isinstance(data.get("device"), str):
+        raise MalformedError("a stats message is a JSON object with a device")
+    return StatsRow(data["device"], float(data.get("ts") or time.time()), payload.decode("utf-8"))
+
+
+class Ingest:
+    """One ingest process: a paho client and the database writer thread."""
+
+    def __init__(self, opts: IngestOptions, db: Database) -> None:
+        self.opts = opts
+        self.db = db
+        self.counters = IngestCounters()
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=opts.receive_max + 16)
+        self._generation = 0
+        self._connected = threading.Event()
+        self._stopping = threading.Event()
+        self._password = read_secret(opts.password_file, "MQTT password file") if opts.password_file else None
+        self.client = self._new_client()
+        self.writer = Supervised("edged-ingest-db", target=self._write_loop, on_death=self._on_death)
+
+    # -- the MQTT side ----------------------------------------------------------------------------------
+
+    def _new_client(self) -> paho.Client:
+        opts = self.opts
+        client = paho.Client(
+            callback_api_version=CallbackAPIVersion.VERSION2,
+            client_id=opts.client_id,
+            protocol=paho.MQTTv5,
+            manual_ack=True,
+        )
+        client.reconnect_delay_set(1, 30)
+        if opts.username:
+            client.username_pw_set(opts.username, self._password)
+        if opts.ca_file or opts.cert_file:
+            client.tls_set(
+                ca_certs=str(opts.ca_file) if opts.ca_file else None,
+                certfile=str(opts.cert_file) if opts.cert_file else None,
+                keyfile=str(opts.key_file) if opts.key_file else None,
+                cert_reqs=ssl.CERT_REQUIRED,
+            )
+            client.tls_insecure_set(opts.insecure)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        client.on_subscribe = self._on_subscribe
+        return client
+
+    def _connect_properties(self) -> Properties:
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        props.SessionExpiryInterval = self.opts.session_expiry_s
+        props.ReceiveMaximum = self.opts.receive_max
+        return props
+
+    def _on_connect(self, client: paho.Client, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
+        if getattr(reason, "is_failure", False):
+            self._note_error(f"the broker refused the ingest: {reason}")
+            return
+        with self._lock:
+            self._generation += 1
+            self.counters.connects += 1
+        shared = f"$share/{self.opts.group}/" if self.opts.group else ""
+        results = (shared + self.opts.results_topic, SubscribeOptions(qos=1))
+        # retained stats are not sent to shared subscriptions: every ingest reads them (upserts are idempotent)
+        stats = (self.opts.stats_topic, SubscribeOptions(qos=1))
+        client.subscribe([results, stats])
+        log.info("ingest: connected to %s:%d as %s", self.opts.host, self.opts.port, self.opts.client_id)
+
+    def _on_subscribe(self, _c: paho.Client, _u: Any, _mid: int, reasons: list[Any], _p: Any) -> None:
+        refused = [str(r) for r in reasons if getattr(r, "is_failure", False)]
+        if refused:
+            self._note_error(f"the broker refused the subscriptions: {', '.join(refused)}")
+            return
+        self._connected.set()  # subscribed: from now on nothing published is missed
+
+    def _on_disconnect(self, _c: paho.Client, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
+        self._connected.clear()
+        if not self._stopping.is_set():
+            self._note_error(f"disconnected from {self.opts.host}:{self.opts.port}: {reason}")
+
+    def _on_message(self, _c: paho.Client, _u: Any, msg: paho.MQTTMessage) -> None:
+        # blocks paho's thread when the writer is behind: the broker's Receive Maximum bounds what waits
+        self._queue.put(_Item(self._generation, msg.mid, msg.qos, msg.topic, bytes(msg.payload)))
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Connect (resuming the session the broker kept) and start the writer."""
+        self.writer.start()
+        try:
+            self.client.connect(
+                self.opts.host,
+                self.opts.port,
+                clean_start=False,  # resume the session: what arrived while we were away is delivered now
+                properties=self._connect_properties(),
+            )
+        except (OSError, ValueError) as exc:
+            self.stop()
+            raise IngestError(f"cannot connect to {self.opts.host}:{self.opts.port}: {exc}") from exc
+        self.client.loop_start()
+        if not self._connected.wait(timeout):
+            self.stop()
+            raise IngestError(f"no answer from {self.opts.host}:{self.opts.port} within {timeout:.0f} s")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Write and acknowledge what arrived, then disconnect (the session stays on the broker)."""
+        self._stopping.set()
+        if self.writer.is_alive():
+            self._queue.put(None)
+            self.writer.join(timeout)
+        self.client.disconnect()
+        self.client.loop_stop()
+
+    def wait_connected(self, timeout: float) -> bool:
+        """True once connected and subscribed (after a broker restart paho reconnects by itself)."""
+        return self._connected.wait(timeout)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters as a dict."""
+        with self._lock:
+            c = self.counters
+            return {
+                "messages": c.messages,
+                "results": c.results,
+                "inserted": c.inserted,
+                "duplicates": c.duplicates,
+                "malformed": c.malformed,
+                "stats": c.stats,
+                "db_errors": c.db_errors,
+                "connects": c.connects,
+                "connected": self._connected.is_set(),
+                "writer_alive": self.writer.is_alive(),
+                "last_error": c.last_error,
+            }
+
+    # -- the writer thread ------------------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        backoff = Backoff(0.5, 10.0)
+        last_log = time.monotonic()
+        done = False
+        while not done:
+            items, done = self._collect()
+            if items:
+                self._write(items, backoff)
+            if time.monotonic() - last_log >= LOG_EVERY_S:
+                last_log = time.monotonic()
+                log.info("ingest: %s", json.dumps(self.snapshot()))
+
+    def _collect(self) -> tuple[list[_Item], bool]:
+        """One batch: block for the first message, then take more until `batch` results or `flush_s`."""
+        first = self._queue.get()  # asleep while idle
+        if first is None:
+            return self._drain_rest(), True
+        items = [first]
+        deadline = time.monotonic() + self.opts.flush_s
+        while len(items) < self.opts.batch:
+            left = deadline - time.monotonic()
+            try:
+                item = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                return items + self._drain_rest(), True
+            items.append(item)
+        return items, False
+
+    def _drain_rest(self) -> list[_Item]:
+        rest: list[_Item] = []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return rest
+            if item is not None:
+                rest.append(item)
+
+    def _write(self, items: list[_Item], backoff: Backoff) -> None:
+        rows: dict[tuple[str, str, int], ResultRow] = {}
+        stats: list[StatsRow] = []
+        malformed = results = 0
+        for item in items:
+            try:
+                if paho.topic_matches_sub(self.opts.stats_topic, item.topic):
+                    stats.append(parse_stats(item.payload))
+                    continue
+                parsed = parse_results(item.payload)
+            except (ValueError, UnicodeDecodeError) as exc:
+                malformed += 1
+                log.warning("ingest: a message on %s is not a result (%s); acknowledged and skipped", item.topic, exc)
+                continue
+            results += len(parsed)
+            for row in parsed:
+                rows[(row.device, row.pipeline, row.seq)] = row  # the same result twice in one batch: once
+        inserted = self._commit(list(rows.values()), stats, backoff)
+        if inserted is None:
+            return  # stopping while the database is away: nothing acknowledged, the broker sends them again
+        self._ack(items)
+        with self._lock:
+            c = self.counters
+            c.messages += len(items) - len(stats)
+            c.results += results
+            c.inserted += inserted
+            c.duplicates += results - inserted
+            c.malformed += malformed
+            c.stats += len(stats)
+
+    def _commit(self, rows: list[ResultRow], stats: list[StatsRow], backoff: Backoff) -> int | None:
+        """Write until it works (the database restarts: retry with backoff); None if asked to stop first."""
+        while True:
+            try:
+                inserted = self.db.write(rows, stats)
+            except IngestError as exc:
+                with self._lock:
+                    self.counters.db_errors += 1
+                self._note_error(f"database write failed, retrying (nothing acknowledged meanwhile): {exc}")
+                if self._stopping.wait(backoff.next_delay()):
+                    return None
+                continue
+            backoff.reset()
+            return inserted
+
+    def _ack(self, items: list[_Item]) -> None:
+        with self._lock:
+            generation = self._generation
+        for item in items:
+            if item.qos and item.generation == generation:  # an older connection's mid means nothing now
+                self.client.ack(item.mid, item.qos)  # disconnected meanwhile: an error code, a redelivery
+
+    def _note_error(self, message: str) -> None:
+        with self._lock:
+            repeated = self.counters.last_error == message
+            self.counters.last_error = message
+        log.log(logging.DEBUG if repeated else logging.WARNING, "ingest: %s", message)
+
+    def _on_death(self, why: str) -> None:
+        self._note_error(f"the database writer died: {why}")

@@ -1,0 +1,250 @@
+"""The ingest's database: results exactly once by (device, pipeline, seq), the devices' last stats messages.
+
+Two back ends with one shape: SQLite (a file, the default) and PostgreSQL (`postgresql://...`, psycopg 3).
+A write is one transaction: the results (duplicates ignored by the primary key) and the stats messages;
+the caller acknowledges the MQTT messages only after it returned, so a crash between the two costs a
+redelivery, which the primary key absorbs, never a lost row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+from edged.core.errors import IngestError
+
+
+class ResultRow(NamedTuple):
+    """One result as the database keeps it."""
+
+    device: str
+    pipeline: str
+    seq: int
+    ts: float
+    body: str  # the result message, JSON
+
+
+class StatsRow(NamedTuple):
+    """A device's stats message (the latest one is kept)."""
+
+    device: str
+    ts: float
+    body: str
+
+
+@dataclass(frozen=True)
+class Stream:
+    """What the database holds of one (device, pipeline)."""
+
+    device: str
+    pipeline: str
+    first: int
+    last: int
+    count: int
+
+    @property
+    def missing(self) -> int:
+        """Seqs between the first and the last row that are not there."""
+        return self.last - self.first + 1 - self.count
+
+
+class Gap(NamedTuple):
+    """Seqs `first`..`last` of one stream are missing."""
+
+    device: str
+    pipeline: str
+    first: int
+    last: int
+
+
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS results (device TEXT NOT NULL, pipeline TEXT NOT NULL, seq BIGINT NOT NULL, "
+    "ts DOUBLE PRECISION NOT NULL, body {json} NOT NULL, PRIMARY KEY (device, pipeline, seq))",
+    "CREATE TABLE IF NOT EXISTS device_stats (device TEXT PRIMARY KEY, ts DOUBLE PRECISION NOT NULL, "
+    "body {json} NOT NULL)",
+)
+STREAMS = "SELECT device, pipeline, MIN(seq), MAX(seq), COUNT(*) FROM results GROUP BY device, pipeline ORDER BY 1, 2"
+# every missing range, from the rows themselves (the report is computed, never a counter that can drift)
+GAPS = (
+    "SELECT device, pipeline, prev + 1, seq - 1 FROM (SELECT device, pipeline, seq, "
+    "LAG(seq) OVER (PARTITION BY device, pipeline ORDER BY seq) AS prev FROM results) AS g "
+    "WHERE seq > prev + 1 ORDER BY 1, 2, 3"
+)
+
+
+class Database(Protocol):
+    """What the ingest needs of a database."""
+
+    url: str
+
+    def write(self, rows: list[ResultRow], stats: list[StatsRow]) -> int:
+        """Insert the rows (existing keys ignored) and upsert the stats in one transaction; rows inserted."""
+
+    def streams(self) -> list[Stream]:
+        """Per (device, pipeline): first and last seq, rows held."""
+
+    def gaps(self) -> list[Gap]:
+        """Every missing seq range between a stream's first and last row."""
+
+    def device_stats(self) -> dict[str, dict[str, Any]]:
+        """The last stats message of each device."""
+
+    def count(self) -> int:
+        """Rows in the results table."""
+
+    def close(self) -> None:
+        """Close the connection."""
+
+
+def _stats_dict(rows: list[tuple[str, Any]]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for device, body in rows:
+        out[device] = body if isinstance(body, dict) else json.loads(body)
+    return out
+
+
+class SqliteDatabase:
+    """Results in an SQLite file (WAL; FULL sync: an acknowledged message's row survives a power cut)."""
+
+    def __init__(self, path: Path) -> None:
+        self.url = str(path)
+        try:
+            self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=FULL")
+            self.conn.execute("PRAGMA busy_timeout=10000")
+            for statement in SCHEMA:
+                self.conn.execute(statement.format(json="TEXT"))
+        except sqlite3.Error as exc:
+            raise IngestError(f"cannot open {path}: {exc}") from exc
+
+    def write(self, rows: list[ResultRow], stats: list[StatsRow]) -> int:
+        conn = self.conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            before = conn.total_changes
+            conn.executemany("INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?)", rows)
+            inserted = conn.total_changes - before
+            conn.executemany(
+                "INSERT INTO device_stats VALUES (?, ?, ?) ON CONFLICT (device) DO UPDATE "
+                "SET ts = excluded.ts, body = excluded.body WHERE excluded.ts >= device_stats.ts",
+                stats,
+            )
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise IngestError(f"{self.url}: {exc}") from exc
+        return inserted
+
+    def streams(self) -> list[Stream]:
+        return [Stream(*row) for row in self.conn.execute(STREAMS)]
+
+    def gaps(self) -> list[Gap]:
+        return [Gap(*row) for row in self.conn.execute(GAPS)]
+
+    def device_stats(self) -> dict[str, dict[str, Any]]:
+        return _stats_dict(self.conn.execute("SELECT device, body FROM device_stats").fetchall())
+
+    def count(self) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM results").fetchone()[0])
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class PostgresDatabase:
+    """Results in PostgreSQL (psycopg 3). One INSERT ... SELECT FROM unnest(...) per batch: one round trip."""
+
+    INSERT = (
+        "INSERT INTO results (device, pipeline, seq, ts, body) "
+        "SELECT d, p, s, t, b::jsonb FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::float8[], %s::text[]) "
+        "AS u(d, p, s, t, b) ON CONFLICT DO NOTHING"
+    )
+    UPSERT_STATS = (
+        "INSERT INTO device_stats VALUES (%s, %s, %s::jsonb) ON CONFLICT (device) DO UPDATE "
+        "SET ts = excluded.ts, body = excluded.body WHERE excluded.ts >= device_stats.ts"
+    )
+
+    def __init__(self, url: str) -> None:
+        try:
+            import psycopg  # noqa: PLC0415  (the postgresql extra; SQLite needs nothing)
+        except ImportError as exc:
+            raise IngestError("PostgreSQL needs psycopg: pip install 'edged[postgresql]'") from exc
+        self.url = url
+        self._psycopg = psycopg
+        self.conn: Any = None
+        self._connect()
+
+    def _connect(self) -> None:
+        psycopg = self._psycopg
+        try:
+            self.conn = psycopg.connect(self.url, connect_timeout=10)
+            with self.conn.transaction():
+                for statement in SCHEMA:
+                    self.conn.execute(statement.format(json="JSONB"))
+        except psycopg.Error as exc:
+            self.conn = None
+            raise IngestError(f"cannot open the PostgreSQL database: {_safe(exc)}") from exc
+
+    def write(self, rows: list[ResultRow], stats: list[StatsRow]) -> int:
+        psycopg = self._psycopg
+        try:
+            if self.conn is None or self.conn.closed:
+                self._connect()  # the server restarted: a fresh connection, the batch again
+            with self.conn.transaction():
+                inserted = 0
+                if rows:
+                    columns = [list(c) for c in zip(*rows, strict=True)]
+                    inserted = self.conn.execute(self.INSERT, columns).rowcount
+                for stat in stats:
+                    self.conn.execute(self.UPSERT_STATS, stat)
+        except psycopg.Error as exc:
+            self._drop_connection()
+            raise IngestError(f"PostgreSQL: {_safe(exc)}") from exc
+        return int(inserted)
+
+    def _drop_connection(self) -> None:
+        if self.conn is not None:
+            with contextlib.suppress(self._psycopg.Error):
+                self.conn.close()
+        self.conn = None
+
+    def _query(self, sql: str) -> list[tuple[Any, ...]]:
+        if self.conn is None or self.conn.closed:
+            self._connect()
+        with self.conn.transaction():
+            return list(self.conn.execute(sql).fetchall())
+
+    def streams(self) -> list[Stream]:
+        return [Stream(*row) for row in self._query(STREAMS)]
+
+    def gaps(self) -> list[Gap]:
+        return [Gap(*row) for row in self._query(GAPS)]
+
+    def device_stats(self) -> dict[str, dict[str, Any]]:
+        return _stats_dict([(d, b) for d, b in self._query("SELECT device, body FROM device_stats")])
+
+    def count(self) -> int:
+        return int(self._query("SELECT COUNT(*) FROM results")[0][0])
+
+    def close(self) -> None:
+        self._drop_connection()
+
+
+def _safe(exc: Exception) -> str:
+    """The first line of a driver error (never the connection string: it may hold a password)."""
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def open_database(url: str) -> Database:
+    """`postgresql://...` (or `postgres://`) opens PostgreSQL; anything else is an SQLite file path."""
+    if url.startswith(("postgresql://", "postgres://")):
+        return PostgresDatabase(url)
+    path = Path(url.removeprefix("sqlite:///").removeprefix("sqlite://"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return SqliteDatabase(path)

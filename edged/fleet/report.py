@@ -1,0 +1,103 @@
+"""`edged ingest --report`: which device lost which results, and whether the device says why.
+
+Everything is computed from the rows (first, last, count and the missing ranges per device and pipeline)
+and matched against the last stats message of each device: the spool counts what it dropped, by reason
+(`expired`, `full_evicted_oldest`, `unclean_stop`, ...), and what it set aside as dead letters. Missing
+seqs the device accounts for are *explained*; any beyond that were lost between the device and the
+database, and the report says so (exit 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from edged.fleet.ingestdb import Database, Gap, Stream
+
+GAPS_SHOWN = 5
+
+
+def _ranges(gaps: list[Gap]) -> list[list[int]]:
+    return [[g.first, g.last] for g in gaps]
+
+
+def _stream_entry(stream: Stream, gaps: list[Gap]) -> dict[str, Any]:
+    contiguous = gaps[0].first - 1 if gaps else stream.last
+    return {
+        "pipeline": stream.pipeline,
+        "results": stream.count,
+        "first_seq": stream.first,
+        "last_seq": stream.last,
+        "contiguous_to": contiguous,  # every seq from first_seq to this is in the database
+        "missing": stream.missing,
+        "gaps": _ranges(gaps),
+        "before_first": stream.first - 1,  # seqs before the first row seen (the ingest may have joined late)
+    }
+
+
+def _device_accounting(stats: dict[str, Any] | None) -> dict[str, Any]:
+    if stats is None:
+        return {"stats_ts": None, "dropped_by_reason": {}, "dead_letters": 0, "accounted": 0}
+    spool = stats.get("spool") or {}
+    reasons = {str(k): int(v) for k, v in (spool.get("dropped_by_reason") or {}).items() if int(v)}
+    dead = int(spool.get("dead_letters") or 0)
+    return {"stats_ts": stats.get("ts"), "dropped_by_reason": reasons, "dead_letters": dead,
+            "accounted": sum(reasons.values()) + dead}  # fmt: skip
+
+
+def build_report(db: Database) -> dict[str, Any]:
+    """The report as a dict (`--json` prints it)."""
+    gaps_by_stream: dict[tuple[str, str], list[Gap]] = {}
+    for gap in db.gaps():
+        gaps_by_stream.setdefault((gap.device, gap.pipeline), []).append(gap)
+    stats = db.device_stats()
+    devices: dict[str, dict[str, Any]] = {}
+    for stream in db.streams():
+        entry = devices.setdefault(stream.device, {"device": stream.device, "pipelines": []})
+        entry["pipelines"].append(_stream_entry(stream, gaps_by_stream.get((stream.device, stream.pipeline), [])))
+    for device in sorted(set(stats) - set(devices)):
+        devices[device] = {"device": device, "pipelines": []}  # stats seen, no result yet
+    total_unexplained = 0
+    for device, entry in devices.items():
+        accounting = _device_accounting(stats.get(device))
+        missing = sum(p["missing"] for p in entry["pipelines"])
+        unexplained = max(0, missing - accounting["accounted"])
+        entry |= {"missing": missing, "unexplained": unexplained, **accounting}
+        total_unexplained += unexplained
+    rows = sum(p["results"] for e in devices.values() for p in e["pipelines"])
+    return {"database": db.url, "devices": list(devices.values()), "results": rows, "unexplained": total_unexplained}
+
+
+def _why(entry: dict[str, Any]) -> str:
+    if not entry["missing"]:
+        return "complete"
+    parts = [f"{n} {reason}" for reason, n in sorted(entry["dropped_by_reason"].items())]
+    if entry["dead_letters"]:
+        parts.append(f"{entry['dead_letters']} dead letters")
+    said = ("device says: " + ", ".join(parts)) if parts else "the device reports no drops"
+    if entry["stats_ts"] is None:
+        said = "no stats message from the device"
+    if entry["unexplained"]:
+        return f"{entry['unexplained']} LOST unexplained; {said}"
+    return f"explained; {said}"
+
+
+def render_report(report: dict[str, Any], console: Console) -> None:
+    """The report as a table, one row per device and pipeline."""
+    table = Table(title=f"{report['results']} results in {report['database']}", title_justify="left")
+    for name in ("device", "pipeline", "results", "seq", "missing", "gaps", "why"):
+        table.add_column(name, justify="right" if name in ("results", "missing") else "left")
+    for entry in report["devices"]:
+        why = _why(entry)
+        for p in entry["pipelines"] or [{"pipeline": "-", "results": 0, "first_seq": 0, "last_seq": 0,
+                                          "missing": 0, "gaps": []}]:  # fmt: skip
+            gaps = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in p["gaps"][:GAPS_SHOWN])
+            if len(p["gaps"]) > GAPS_SHOWN:
+                gaps += f" (+{len(p['gaps']) - GAPS_SHOWN} more)"
+            seq = f"{p['first_seq']}..{p['last_seq']}" if p["results"] else "-"
+            table.add_row(entry["device"], p["pipeline"], str(p["results"]), seq, str(p["missing"]), gaps, why)
+    console.print(table)
+    lost = report["unexplained"]
+    console.print(f"{lost} result(s) lost without a reason" if lost else "no result lost without a reason")

@@ -1,0 +1,83 @@
+"""Messages beside the results: command replies, events and the retained state, and the control link.
+
+They are not spooled (a reply to a command nobody waits for any more is worth nothing after a restart);
+they wait in a small bounded queue for the next connection and go before the next results.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import paho.mqtt.client as paho
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+log = logging.getLogger(__name__)
+
+SIDE_MAX = 256  # messages waiting for a connection at most (the oldest is dropped beyond, with a warning)
+
+
+class ControlLink(Protocol):
+    """The control plane as the publisher sees it (edged/ops/control.py): topics to subscribe to and where
+    command messages go. `deliver` runs on paho's thread: it only queues."""
+
+    def topics(self) -> list[str]:
+        """Command topic filters."""
+        ...
+
+    def deliver(self, topic: str, payload: bytes, response_topic: str | None, correlation: bytes | None) -> None:
+        """Take one command message."""
+        ...
+
+    def connected(self) -> None:
+        """A connection is up (the retained state goes again)."""
+        ...
+
+
+@dataclass(frozen=True)
+class SideMessage:
+    """One message beside the results."""
+
+    topic: str
+    payload: bytes
+    retain: bool = False
+    qos: int = 1
+    correlation: bytes | None = None  # MQTT 5 correlation data of the command this answers
+
+
+class SideChannel:
+    """The bounded queue of side messages; any thread sends, the edged-mqtt thread drains."""
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
+        self._queue: deque[SideMessage] = deque(maxlen=SIDE_MAX)
+        self._lock = threading.Lock()
+
+    def send(self, message: SideMessage) -> None:
+        """Queue a message and wake the publisher."""
+        with self._lock:
+            if len(self._queue) == SIDE_MAX:
+                log.warning("mqtt: %d side messages wait for the broker; dropping %s", SIDE_MAX, self._queue[0].topic)
+            self._queue.append(message)
+        self._wake()
+
+    def drain(self, client: paho.Client, *, mqtt5: bool) -> None:
+        """Hand every queued message to paho (edged-mqtt thread)."""
+        while True:
+            with self._lock:
+                if not self._queue:
+                    return
+                message = self._queue.popleft()
+            props = None
+            if message.correlation is not None and mqtt5:
+                props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+                props.CorrelationData = message.correlation
+            try:
+                client.publish(message.topic, message.payload, qos=message.qos, retain=message.retain, properties=props)
+            except ValueError as exc:  # a reply topic paho will not send to (the requester's choice)
+                log.warning("mqtt: cannot publish to %r: %s", message.topic, exc)

@@ -1,0 +1,259 @@
+"""`edged ingest`: results land exactly once in a real SQLite file and a real PostgreSQL, through a real
+Mosquitto, across the ingest's own crash, the database's restart and a split between two ingests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as paho
+import pytest
+from conftest import Broker, StartDaemon, base_config, make_video, wait_for, write_config
+from paho.mqtt.enums import CallbackAPIVersion
+from pgserver import PgServer
+
+from edged.fleet.ingest import Ingest, IngestOptions
+from edged.fleet.ingestdb import ResultRow, StatsRow, open_database
+from edged.fleet.report import build_report
+
+pytestmark = pytest.mark.integration
+
+
+def result(device: str, pipeline: str, seq: int) -> dict[str, Any]:
+    return {"v": 1, "device": device, "pipeline": pipeline, "seq": seq, "ts": 1764680000.0 + seq,
+            "result": {"top": [{"index": seq % 10, "score": 0.5}]}}  # fmt: skip
+
+
+class Device:
+    """A stand-in for a device's publisher (QoS 1, waits for each PUBACK): the ingest is what is tested."""
+
+    def __init__(self, broker: Broker, name: str) -> None:
+        self.client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id=f"dev-{name}")
+        self.client.max_inflight_messages_set(100)
+        self.client.connect(broker.host, broker.port)
+        self.client.loop_start()
+
+    def send(self, topic: str, payload: Any) -> None:
+        body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        self.client.publish(topic, body, qos=1).wait_for_publish(10)
+
+    def send_results(self, device: str, pipeline: str, seqs: range | list[int]) -> None:
+        infos = [
+            self.client.publish(f"edged/{device}/{pipeline}/results", json.dumps(result(device, pipeline, s)), qos=1)
+            for s in seqs
+        ]
+        for info in infos:
+            info.wait_for_publish(30)
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+@pytest.fixture
+def device(broker: Broker) -> Iterator[Device]:
+    d = Device(broker, f"{os.getpid()}-{id(broker)}")
+    yield d
+    d.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "results.db")
+    url: str = request.getfixturevalue("pg_url")
+    return url
+
+
+StartIngest = Callable[..., Ingest]
+
+
+@pytest.fixture
+def start_ingest(broker: Broker) -> Iterator[StartIngest]:
+    started: list[Ingest] = []
+
+    def start(db_url: str, *, client_id: str | None = None, **kw: Any) -> Ingest:
+        client_id = client_id or f"ingest-{uuid.uuid4().hex[:8]}"  # a fresh session unless the test resumes one
+        group = kw.pop("group", f"g{uuid.uuid4().hex[:8]}")
+        kw.setdefault("session_expiry_s", 300)  # the shared test broker forgets them soon after
+        opts = IngestOptions(host=broker.host, port=broker.port, client_id=client_id, group=group, **kw)
+        ingest = Ingest(opts, open_database(db_url))
+        ingest.start()
+        started.append(ingest)
+        return ingest
+
+    yield start
+    for ingest in started:
+        ingest.stop()
+        ingest.db.close()
+
+
+def _count(url: str) -> int:
+    db = open_database(url)
+    try:
+        return db.count()
+    finally:
+        db.close()
+
+
+def test_every_result_lands_once_and_duplicates_are_absorbed(
+    db_url: str, device: Device, start_ingest: StartIngest
+) -> None:
+    ingest = start_ingest(db_url)
+    dev = f"d{os.getpid()}"
+    device.send_results(dev, "cam0", range(1, 201))
+    device.send_results(dev, "cam1", range(1, 101))
+    device.send_results(dev, "cam0", range(150, 181))  # redelivered after a reconnect: the same seqs again
+    batch = [result(dev, "cam1", s) for s in range(101, 111)]  # mqtt.batch > 1: one message, a JSON array
+    device.send(f"edged/{dev}/cam1/results", batch)
+    wait_for(lambda: ingest.snapshot()["results"] >= 341, 30, "every result read")
+
+    snap = ingest.snapshot()
+    assert (snap["inserted"], snap["duplicates"]) == (310, 31)
+    report = build_report(ingest.db)
+    streams = {p["pipeline"]: p for d in report["devices"] if d["device"] == dev for p in d["pipelines"]}
+    assert streams["cam0"]["results"] == 200
+    assert streams["cam1"]["last_seq"] == 110
+    assert streams["cam1"]["contiguous_to"] == 110
+    assert report["unexplained"] == 0
+
+
+def test_a_malformed_message_is_acknowledged_counted_and_skipped(
+    tmp_path: Path, device: Device, start_ingest: StartIngest
+) -> None:
+    url = str(tmp_path / "r.db")
+    ingest = start_ingest(url, client_id=f"ingest-m{os.getpid()}", group="gm")
+    dev = f"m{os.getpid()}"
+    device.send(f"edged/{dev}/cam0/results", b"not json")
+    device.send(f"edged/{dev}/cam0/results", {"device": dev, "pipeline": "cam0", "seq": "seven", "ts": 1})
+    device.send_results(dev, "cam0", [1])
+    wait_for(lambda: ingest.snapshot()["inserted"] == 1, 30, "the good result")
+    assert ingest.snapshot()["malformed"] == 2
+    ingest.stop()
+
+    # aftermath: the bad messages were acknowledged, so the same session does not get them again
+    again = start_ingest(url, client_id=f"ingest-m{os.getpid()}", group="gm")
+    device.send_results(dev, "cam0", [2])
+    wait_for(lambda: again.snapshot()["inserted"] == 1, 30, "the next result")
+    assert again.snapshot()["malformed"] == 0
+    assert _count(url) == 2
+
+
+def test_ingest_killed_mid_stream_loses_nothing(broker: Broker, tmp_path: Path, device: Device) -> None:
+    url = str(tmp_path / "r.db")
+    dev = f"k{os.getpid()}"
+    cmd = [sys.executable, "-m", "edged", "ingest", "--db", url, "--host", broker.host, "--port", str(broker.port),
+           "--client-id", f"ingest-kill-{os.getpid()}", "--group", "gk", "--batch", "50",
+           "--session-expiry", "300"]  # fmt: skip
+
+    def start(n: int) -> subprocess.Popen[bytes]:
+        log = tmp_path / f"ingest{n}.log"
+        with log.open("wb") as err:
+            proc = subprocess.Popen(cmd, stderr=err)
+        wait_for(lambda: b"writing to" in log.read_bytes(), 30, "the ingest connected and subscribed")
+        return proc
+
+    first = start(1)
+    sender = threading.Thread(target=device.send_results, args=(dev, "cam0", range(1, 3001)))
+    sender.start()
+    wait_for(lambda: Path(url).exists() and _count(url) >= 300, 60, "some rows written")
+    first.send_signal(signal.SIGKILL)  # mid-batch: received, maybe written, not all acknowledged
+    first.wait(10)
+    sender.join(120)
+
+    second = start(2)  # the same client id: the broker kept the session and what arrived meanwhile
+    try:
+        wait_for(lambda: _count(url) == 3000, 90, "all 3000 results")
+        db = open_database(url)
+        report = build_report(db)
+        db.close()
+        assert report["unexplained"] == 0
+        assert report["devices"][0]["pipelines"][0]["contiguous_to"] == 3000
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(30) == 0
+
+
+def test_postgresql_restart_costs_no_result(
+    pg_server: PgServer, pg_url: str, device: Device, start_ingest: StartIngest
+) -> None:
+    ingest = start_ingest(pg_url)
+    dev = f"p{os.getpid()}"
+    device.send_results(dev, "cam0", range(1, 101))
+    wait_for(lambda: ingest.snapshot()["inserted"] == 100, 30, "the first 100")
+    pg_server.stop()
+    try:
+        device.send_results(dev, "cam0", range(101, 201))  # the broker takes them; the ingest cannot write
+        wait_for(lambda: ingest.snapshot()["db_errors"] > 0, 30, "a failed write")
+        assert ingest.snapshot()["inserted"] == 100
+    finally:
+        pg_server.start()
+    wait_for(lambda: ingest.snapshot()["inserted"] == 200, 60, "the batch written after the restart")
+    device.send_results(dev, "cam0", range(201, 251))  # and the next ones too
+    wait_for(lambda: _count(pg_url) == 250, 30, "all 250")
+    assert build_report(ingest.db)["devices"][0]["pipelines"][0]["contiguous_to"] == 250
+
+
+def test_two_ingests_in_one_group_split_the_load(tmp_path: Path, device: Device, start_ingest: StartIngest) -> None:
+    url = str(tmp_path / "r.db")
+    group = f"split{os.getpid()}"
+    a = start_ingest(url, client_id="ingest-a", group=group)
+    b = start_ingest(url, client_id="ingest-b", group=group)
+    dev = f"s{os.getpid()}"
+    device.send_results(dev, "cam0", range(1, 401))
+    wait_for(lambda: a.snapshot()["results"] + b.snapshot()["results"] >= 400, 30, "400 results read")
+    assert _count(url) == 400
+    assert a.snapshot()["results"] > 0
+    assert b.snapshot()["results"] > 0
+
+
+def test_report_says_which_device_lost_what_and_why(tmp_path: Path) -> None:
+    url = str(tmp_path / "r.db")
+    db = open_database(url)
+    rows = [ResultRow("a", "cam0", s, float(s), "{}") for s in [*range(1, 11), *range(15, 21)]]
+    rows += [ResultRow("b", "cam0", s, float(s), "{}") for s in [1, 2, 3, 4, 5, 8]]
+    stats = {"v": 1, "device": "a", "ts": 5.0, "spool": {"dropped_by_reason": {"expired": 4}, "dead_letters": 0}}
+    db.write(rows, [StatsRow("a", 5.0, json.dumps(stats))])
+    db.close()
+
+    out = subprocess.run(
+        [sys.executable, "-m", "edged", "ingest", "--report", "--json", "--db", url],
+        check=False, capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr  # b lost 2 without a reason
+    report = json.loads(out.stdout)
+    a, b = report["devices"]
+    assert (a["missing"], a["unexplained"], a["pipelines"][0]["gaps"]) == (4, 0, [[11, 14]])
+    assert a["pipelines"][0]["contiguous_to"] == 10
+    assert (b["missing"], b["unexplained"], b["pipelines"][0]["gaps"]) == (2, 2, [[6, 7]])
+    wide = {**os.environ, "COLUMNS": "200"}
+    cmd = [sys.executable, "-m", "edged", "ingest", "--report", "--db", url]
+    text = subprocess.run(cmd, check=False, capture_output=True, text=True, env=wide).stdout
+    assert "2 LOST unexplained; no stats message from the device" in text
+    assert "explained; device says: 4 expired" in text
+
+
+def test_a_real_daemon_lands_every_result(
+    broker: Broker, tmp_path: Path, tiny_model: Path, start_daemon: StartDaemon, start_ingest: StartIngest
+) -> None:
+    url = str(tmp_path / "r.db")
+    ingest = start_ingest(url)
+    video = make_video(tmp_path / "v.mp4", 40)
+    cfg = base_config(tmp_path, tiny_model, str(video), broker=broker)
+    cfg["mqtt"]["stats_interval_s"] = 0.2
+    daemon = start_daemon(write_config(tmp_path / "edged.yaml", cfg))
+    wait_for(lambda: _count(url) == 40, 60, "the video's 40 results")
+    wait_for(lambda: cfg["device_id"] in ingest.db.device_stats(), 30, "the device's stats message")
+    daemon.stop()
+    report = build_report(ingest.db)
+    entry = next(d for d in report["devices"] if d["device"] == cfg["device_id"])
+    assert (entry["missing"], entry["unexplained"], entry["pipelines"][0]["last_seq"]) == (0, 0, 40)
+    assert not ingest.writer.death
