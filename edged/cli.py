@@ -16,6 +16,7 @@ from edged.ops.status import EXIT_NOT_RUNNING
 
 log = logging.getLogger("edged")
 TOOLS = ("inspect", "quantize", "validate", "bench", "budget", "record")
+FLEET = {"ingest": "run_ingest_command", "fleet": "run_fleet_command"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -104,6 +105,7 @@ def _tool_parsers(sub: Subparsers[argparse.ArgumentParser]) -> None:
     _bench_parser(sub)
     _budget_parser(sub)
     _ingest_parser(sub)
+    _fleet_parser(sub)
 
 
 def _ingest_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
@@ -125,6 +127,29 @@ def _ingest_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     i.add_argument("--key-file", type=Path, help="TLS: client key")
     i.add_argument("--username", help="MQTT user name")
     i.add_argument("--password-file", type=Path, help="file holding the MQTT password (not readable by others)")
+
+
+def _fleet_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
+    f = sub.add_parser("fleet", help="signing keys and signed commands for devices with control: on")
+    fsub = f.add_subparsers(dest="fleet_command", required=True)
+    keygen = fsub.add_parser("keygen", help="write a new Ed25519 signing key; print the config line for devices")
+    keygen.add_argument("key", type=Path, help="the private key file to write (mode 0600, never overwritten)")
+    send = fsub.add_parser("send", help="send one signed command; print the devices' answers")
+    send.add_argument("cmd", choices=["status", "reload", "config", "record"])
+    to = send.add_mutually_exclusive_group(required=True)
+    to.add_argument("--device", help="one device id")
+    to.add_argument("--group", help="every device in this group (control.groups)")
+    send.add_argument("--key", type=Path, required=True, help="the private signing key (edged fleet keygen)")
+    send.add_argument("--args", help='the command\'s arguments as JSON, e.g. \'{"config": {"log_level": "debug"}}\'')
+    send.add_argument("--wait", type=float, default=30.0, help="seconds to wait for answers (default 30)")
+    send.add_argument("--expect", type=int, help="stop waiting once this many devices answered")
+    send.add_argument("--host", default="localhost", help="MQTT broker host")
+    send.add_argument("--port", type=int, default=1883, help="MQTT broker port")
+    send.add_argument("--ca-file", type=Path, help="TLS: CA of the broker's certificate")
+    send.add_argument("--cert-file", type=Path, help="TLS: client certificate")
+    send.add_argument("--key-file", dest="key_file_tls", type=Path, help="TLS: client key")
+    send.add_argument("--username", help="MQTT user name")
+    send.add_argument("--password-file", type=Path, help="file holding the MQTT password")
 
 
 def _inspect_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
@@ -275,10 +300,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911  (one return pe
             from edged.tools.commands import run_tool  # noqa: PLC0415
 
             return run_tool(args)
-        if args.command == "ingest":
-            from edged.fleet.commands import run_ingest_command  # noqa: PLC0415
+        if args.command in FLEET:
+            from edged.fleet import commands  # noqa: PLC0415  (psycopg, cryptography: only when asked)
 
-            return run_ingest_command(args)
+            return int(getattr(commands, FLEET[args.command])(args))
         if args.command == "demo":
             from edged.demo import run_demo  # noqa: PLC0415  (keeps `edged status` light)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from edged.capture.base import SOURCES
 from edged.core import configfile
@@ -26,6 +26,7 @@ from edged.model.postprocess import POSTPROCESSORS
 from edged.pipeline.publish import PUBLISH_FILTERS
 from edged.pipeline.settings import PipelineConfig
 from edged.store.settings import SpoolConfig
+from edged.uplink.controlsettings import ControlConfig
 from edged.uplink.settings import MqttConfig
 
 
@@ -79,6 +80,9 @@ class Config(Strict):
     status: StatusConfig = Field(default_factory=StatusConfig)
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     spool: SpoolConfig = Field(default_factory=SpoolConfig)
+    control: ControlConfig | None = Field(
+        None, description="Remote control over MQTT with signed commands (README: Fleet). Absent: off."
+    )
     pipelines: list[PipelineConfig] = Field(min_length=1, description="At least one; names unique.")
 
     @field_validator("state_dir")
@@ -99,6 +103,12 @@ class Config(Strict):
                 raise ValueError(f"pipeline name {p.name!r} is used twice; names must be unique")
             seen.add(p.name)
         return value
+
+    @model_validator(mode="after")
+    def _control_needs_mqtt(self) -> Config:
+        if self.control is not None and not self.mqtt.enabled:
+            raise ValueError("control needs mqtt (commands arrive through the broker); enable mqtt or drop control")
+        return self
 
     @property
     def status_socket(self) -> Path:

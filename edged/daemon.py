@@ -21,10 +21,12 @@ from edged.core.threads import Supervised
 from edged.core.waker import Waker
 from edged.model import engines
 from edged.model.session import CPU, TENSORRT, select_providers, share_cores, usable_cores
+from edged.ops.control import Controller
 from edged.ops.reload import Reloader
 from edged.ops.statelock import StateLock
 from edged.ops.status import StatusServer
 from edged.ops.systemd import notify, watchdog_interval
+from edged.pipeline.frametap import FrameTap
 from edged.pipeline.model import Model, load_pipeline_model
 from edged.pipeline.runner import PipelineRunner
 from edged.pipeline.worker import ResultHook
@@ -84,6 +86,7 @@ class Daemon:
         self.publisher: Publisher | None = None
         self.status_server: StatusServer | None = None
         self.state_lock: StateLock | None = None
+        self.controller: Controller | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -100,11 +103,14 @@ class Daemon:
             self.status_server.start()
             if cfg.mqtt.enabled:  # secrets are read here: a bad key file stops edged before the models load
                 self.publisher = Publisher(cfg.mqtt, cfg.device_id, self.spool, self.mqtt_stats, self.snapshot)
+                self._wire_control()
             models = self._load_models()
         except EdgedError:
             self.publisher = None
             self._close_partial()
             raise
+        if self.controller is not None:
+            self.controller.start()
         if self.publisher is not None:
             self.publisher.start()
         for runner, model in zip(self.pipelines, models, strict=True):
@@ -118,6 +124,31 @@ class Daemon:
             len(self.pipelines),
             cfg.status_socket,
         )
+
+    def _wire_control(self) -> None:
+        """Remote control (off unless `control:` is configured) rides on the publisher's connection."""
+        if self.config.control is None or self.publisher is None:
+            return
+        self.controller = Controller(self.config.control, self.config.device_id, self.config.state_dir, self)
+        self.controller.outbox = self.publisher.side
+        self.publisher.control = self.controller
+
+    # -- what the control plane asks of the daemon (edged/ops/control.py ControlTarget) -------------------
+
+    def reload_and_wait(self, timeout: float) -> dict[str, Any]:
+        """Reload the config file now and wait for the outcome."""
+        return self.reloader.reload_and_wait(timeout)
+
+    def config_file(self) -> Path | None:
+        """The config file this daemon runs from."""
+        return self.reloader.config_path
+
+    def frame_tap(self, pipeline: str | None) -> tuple[str, FrameTap]:
+        """A pipeline's frame tap (the first pipeline's for None)."""
+        for runner in self.pipelines:
+            if (pipeline is None or runner.name == pipeline) and runner.outlet is not None:
+                return runner.name, runner.outlet.tap
+        raise EdgedError(f"no running pipeline {pipeline!r}; this device has {[r.name for r in self.pipelines]}")
 
     def _load_models(self) -> list[Model]:
         """Load every model, the CPU cores shared between CPU pipelines; announce TensorRT builds."""
@@ -218,6 +249,8 @@ class Daemon:
         timers: list[tuple[float, float, Callable[[], object]]] = [
             (now + LOG_EVERY_S, LOG_EVERY_S, lambda: log.info("%s", self.status_line()))
         ]
+        if self.controller is not None:  # the retained state follows health changes
+            timers.append((now + STATUS_EVERY_S, STATUS_EVERY_S, self.controller.publish_state))
         if os.environ.get("NOTIFY_SOCKET"):
             timers.append((now, STATUS_EVERY_S, lambda: notify("STATUS=" + self.status_line())))
         ping_every = watchdog_interval()
@@ -257,6 +290,8 @@ class Daemon:
             return max(0.0, min(cap, deadline - time.monotonic()))
 
         self.reloader.stop(left(RELOAD_JOIN_S))
+        if self.controller is not None:
+            self.controller.stop(left(RELOAD_JOIN_S))  # its last reply still goes before the publisher stops
         for runner in self.pipelines:
             runner.stop_source()  # every source is asked first, then each pipeline is waited for
         pipelines_done = deadline - FLUSH_S - self.config.mqtt.shutdown_grace_s - PUBLISHER_CLOSE_S
@@ -291,7 +326,8 @@ class Daemon:
         for runner in self.pipelines:
             out += runner.deaths()
         # the daemon's own threads live as long as it runs: one that ended died, with or without a cause
-        threads: list[Supervised] = [t for t in (self.publisher, self.status_server, self.reloader) if t is not None]
+        owned = (self.publisher, self.status_server, self.reloader, self.controller)
+        threads: list[Supervised] = [t for t in owned if t is not None]
         if self.spool is not None and self.spool.writer is not None:
             threads.append(self.spool.writer)
         out += [t.died() or f"thread {t.name} died" for t in threads if t.ident and not t.is_alive()]
@@ -340,6 +376,7 @@ class Daemon:
             "spool": spool,
             "mqtt": self.mqtt_stats.snapshot(),
             "reload": self.reloader.status(),
+            "control": self.controller.snapshot() if self.controller is not None else None,
         }
 
     def status_line(self) -> str:

@@ -1,4 +1,4 @@
-"""From the parsed `edged ingest` arguments to the ingest (or its report) and back to an exit code."""
+"""From the parsed `edged ingest` and `edged fleet` arguments to the ingest (or its report) and back to an exit code."""
 
 from __future__ import annotations
 
@@ -13,9 +13,12 @@ from types import FrameType
 
 from rich.console import Console
 
+from edged.core.errors import EdgedError
+from edged.core.signing import generate_key, load_private_key
 from edged.fleet.ingest import Ingest, IngestOptions
 from edged.fleet.ingestdb import Database, open_database
 from edged.fleet.report import build_report, render_report
+from edged.fleet.send import BrokerOptions, FleetClient, new_command
 
 log = logging.getLogger(__name__)
 
@@ -72,3 +75,31 @@ def _run(opts: IngestOptions, db: Database) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
     return 0 if ingest.writer.death is None else 1
+
+
+def run_fleet_command(args: argparse.Namespace) -> int:
+    """`edged fleet keygen|send`."""
+    if args.fleet_command == "keygen":
+        public = generate_key(args.key)
+        sys.stdout.write(f"wrote {args.key} (keep it private). Put this in each device's config:\n"
+                         f"control:\n  public_keys: [\"{public}\"]\n")  # fmt: skip
+        return 0
+    try:
+        command_args = json.loads(args.args) if args.args else {}
+    except ValueError as exc:
+        raise EdgedError(f"--args is not JSON: {exc}") from exc
+    if not isinstance(command_args, dict):
+        raise EdgedError("--args must be a JSON object")
+    target = args.device or f"group:{args.group}"
+    broker = BrokerOptions(args.host, args.port, args.ca_file, args.cert_file, args.key_file_tls, args.username,
+                           args.password_file)  # fmt: skip
+    fleet = FleetClient(broker, load_private_key(args.key))
+    try:
+        replies = fleet.send(new_command(args.cmd, target, command_args))
+        expect = args.expect or (1 if args.device else 1 << 30)
+        answers = fleet.wait(replies, expect=expect, timeout=args.wait)
+    finally:
+        fleet.close()
+    sys.stdout.write(json.dumps(answers, indent=2, default=str) + "\n")
+    ok = bool(answers) and all(a.get("ok") for a in answers.values())
+    return 0 if ok and len(answers) >= min(expect, len(answers) or 1) else 1

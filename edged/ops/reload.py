@@ -29,7 +29,7 @@ from edged.pipeline.runner import PipelineRunner
 log = logging.getLogger(__name__)
 
 MODEL_POLL_S = 5.0
-RESTART_KEYS = ("device_id", "state_dir", "mqtt", "spool", "status")
+RESTART_KEYS = ("device_id", "state_dir", "mqtt", "spool", "status", "control")
 
 
 class Reloadable(Protocol):
@@ -52,11 +52,25 @@ class Reloader(Supervised):
         self._halt = threading.Event()
         self._lock = threading.Lock()
         self._status: dict[str, Any] = {"last": None, "result": None, "notes": []}
+        self._done = threading.Condition(self._lock)
+        self._reloads = 0  # reloads finished (a remote command waits for the one it asked for)
+        self._running = 0
 
     def request_reload(self) -> None:
         """Re-read the config soon (safe from a signal handler)."""
         self._reload_asked = True
         self._wake.set()
+
+    def reload_and_wait(self, timeout: float) -> dict[str, Any]:
+        """Ask for a reload and wait until the reload thread has done it; its `status()` (result None on
+        timeout: it is still running, e.g. a TensorRT build)."""
+        with self._lock:
+            target = self._reloads + 1 + self._running  # one already under way read the file before the ask
+        self.request_reload()
+        with self._done:
+            if not self._done.wait_for(lambda: self._reloads >= target, timeout):
+                return {"last": None, "result": None, "notes": [f"still reloading after {timeout:.0f} s"]}
+        return self.status()
 
     def stop(self, timeout: float = 60.0) -> None:
         """Finish the swap in progress (within `timeout`), then end."""
@@ -79,14 +93,25 @@ class Reloader(Supervised):
                 return
             try:
                 if self._reload_asked:
-                    self._reload_asked = False
-                    self.reload()
+                    self._counted_reload()
                 self.poll_models()
             except Exception as exc:  # this thread must outlive any one bad reload or model file
                 log.exception("reload: unexpected error; the running config and models stay")
                 self._record("failed", [f"unexpected error: {type(exc).__name__}: {exc}"])
 
     # -- reload ---------------------------------------------------------------------------------------
+
+    def _counted_reload(self) -> None:
+        with self._lock:
+            self._reload_asked = False
+            self._running = 1
+        try:
+            self.reload()
+        finally:
+            with self._done:
+                self._running = 0
+                self._reloads += 1
+                self._done.notify_all()
 
     def reload(self) -> bool:
         """Re-read the config file and apply what can change live. True when the new config was taken."""

@@ -113,6 +113,10 @@ def build_view(snapshot: dict[str, Any]) -> Group:
         parts.append(
             Text(f"reload {reload['result']} {_age(reload.get('last'))}: " + "; ".join(reload.get("notes", [])))
         )
+    control = snapshot.get("control")
+    if control:
+        refused = ", ".join(f"{n} {why}" for why, n in sorted(control.get("refused", {}).items())) or "none"
+        parts.append(Text(f"control: {control.get('accepted', 0)} commands taken; refused: {refused}"))
     return Group(*parts)
 
 

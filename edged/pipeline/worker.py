@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from edged.capture.base import Frame, FrameSlot
@@ -17,6 +17,7 @@ from edged.core.osthread import INFERENCE_NICE
 from edged.core.stats import PipelineStats
 from edged.core.threads import Supervised
 from edged.model.preprocess import Preprocessor
+from edged.pipeline.frametap import FrameTap
 from edged.pipeline.message import Timings, result_message
 from edged.pipeline.model import Model, ModelRef
 from edged.pipeline.publish import PublishFilter
@@ -50,6 +51,7 @@ class Outlet:
     publish: PublishFilter
     snapshots: Snapshots | None = None
     on_result: ResultHook | None = None
+    tap: FrameTap = field(default_factory=FrameTap)  # remote `record`, a rollout's validation frames
 
 
 class Turnstile:
@@ -180,6 +182,7 @@ class InferenceWorker(Supervised):
 
     def _store(self, frame: Frame, model: Model, result: dict[str, Any], timings: Timings) -> None:
         out = self.outlet
+        out.tap.offer(frame.image)
         self.stats.record_result(timings.pre_ms, timings.infer_ms, timings.post_ms)
         publish, changed = out.publish.decide(result)
         if not publish:

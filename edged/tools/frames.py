@@ -17,20 +17,16 @@ import numpy as np
 import numpy.typing as npt
 
 from edged.core.errors import ToolError
+from edged.pipeline.frametap import FRAMES_KEY, save_frames
 
 log = logging.getLogger(__name__)
 
+__all__ = ["FRAMES_KEY", "save_frames"]
+
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".pgm", ".ppm"}
-FRAMES_KEY = "frames"
 TENSORS_KEY = "tensors"
 Frame = npt.NDArray[np.uint8]
 Tensor = npt.NDArray[Any]
-
-
-def save_frames(path: Path, frames: list[Frame] | npt.NDArray[np.uint8]) -> Path:
-    """Save raw BGR frames as a `.npz` set that `--calib`/`--data` read back."""
-    np.savez_compressed(path, frames=np.asarray(frames, dtype=np.uint8))  # key: FRAMES_KEY
-    return path
 
 
 def describe(source: Path) -> str:

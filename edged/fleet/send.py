@@ -1,0 +1,143 @@
+"""`edged fleet`: make a signing key, and send signed commands to a device or a group, collecting replies.
+
+A command is published on the device's (or the group's) command topic with an MQTT 5 response topic of
+this sender's own and the command id as correlation data; every device that runs it answers there.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import ssl
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as paho
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from edged.core.errors import EdgedError
+from edged.core.secrets import read_secret
+from edged.core.signing import sign
+
+REPLY_PREFIX = "edged/fleet/replies"
+
+
+def new_command(
+    cmd: str, target: str, args: dict[str, Any] | None = None, *, ts: float | None = None
+) -> dict[str, Any]:
+    """An unsigned command envelope (edged/uplink/commandgate.py Envelope)."""
+    when = round(time.time() if ts is None else ts, 3)
+    return {"v": 1, "cmd": cmd, "id": uuid.uuid4().hex[:16], "target": target, "ts": when,
+            "nonce": secrets.token_hex(16), "args": args or {}}  # fmt: skip
+
+
+def command_topic(cmd: str, target: str) -> str:
+    """edged/<device>/cmd/<cmd>, or edged/group/<group>/cmd/<cmd> for `group:<group>`."""
+    if target.startswith("group:"):
+        return f"edged/group/{target.removeprefix('group:')}/cmd/{cmd}"
+    return f"edged/{target}/cmd/{cmd}"
+
+
+@dataclass
+class BrokerOptions:
+    """How the fleet tool reaches the broker."""
+
+    host: str = "localhost"
+    port: int = 1883
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    username: str | None = None
+    password_file: Path | None = None
+
+
+@dataclass
+class Replies:
+    """Replies to one command id, by device."""
+
+    by_device: dict[str, dict[str, Any]] = field(default_factory=dict)
+    arrived: threading.Condition = field(default_factory=threading.Condition)
+
+
+class FleetClient:
+    """One MQTT 5 connection that sends signed commands and collects the answers."""
+
+    def __init__(self, broker: BrokerOptions, key: Ed25519PrivateKey) -> None:
+        self.key = key
+        self.client_id = f"edged-fleet-{uuid.uuid4().hex[:8]}"
+        self.reply_topic = f"{REPLY_PREFIX}/{self.client_id}"
+        self._replies: dict[str, Replies] = {}
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id=self.client_id,
+                             protocol=paho.MQTTv5)  # fmt: skip
+        if broker.username:
+            password = read_secret(broker.password_file, "MQTT password file") if broker.password_file else None
+            client.username_pw_set(broker.username, password)
+        if broker.ca_file or broker.cert_file:
+            client.tls_set(
+                ca_certs=str(broker.ca_file) if broker.ca_file else None,
+                certfile=str(broker.cert_file) if broker.cert_file else None,
+                keyfile=str(broker.key_file) if broker.key_file else None,
+                cert_reqs=ssl.CERT_REQUIRED,
+            )
+        client.on_connect = lambda c, _u, _f, _rc, _p: c.subscribe(self.reply_topic, qos=1)
+        client.on_subscribe = lambda *_: self._ready.set()
+        client.on_message = self._on_message
+        try:
+            client.connect(broker.host, broker.port)
+        except OSError as exc:
+            raise EdgedError(f"cannot connect to {broker.host}:{broker.port}: {exc}") from exc
+        client.loop_start()
+        self.client = client
+        if not self._ready.wait(15):
+            self.close()
+            raise EdgedError(f"no answer from the broker at {broker.host}:{broker.port}")
+
+    def _on_message(self, _c: paho.Client, _u: Any, msg: paho.MQTTMessage) -> None:
+        try:
+            body = json.loads(msg.payload)
+        except ValueError:
+            return
+        if not isinstance(body, dict):
+            return
+        with self._lock:
+            replies = self._replies.get(str(body.get("id")))
+        if replies is None:
+            return
+        with replies.arrived:
+            replies.by_device[str(body.get("device"))] = body
+            replies.arrived.notify_all()
+
+    def send(self, envelope: dict[str, Any]) -> Replies:
+        """Sign and publish; the Replies fill in as devices answer."""
+        replies = Replies()
+        with self._lock:
+            self._replies[envelope["id"]] = replies
+        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        props.ResponseTopic = self.reply_topic
+        props.CorrelationData = envelope["id"].encode()
+        signed = json.dumps(sign(envelope, self.key)).encode("utf-8")
+        self.client.publish(command_topic(envelope["cmd"], envelope["target"]), signed, qos=1,
+                            properties=props).wait_for_publish(10)  # fmt: skip
+        return replies
+
+    def wait(self, replies: Replies, *, expect: int, timeout: float) -> dict[str, dict[str, Any]]:
+        """Until `expect` devices answered or `timeout` passed; the answers by device."""
+        deadline = time.monotonic() + timeout
+        with replies.arrived:
+            while len(replies.by_device) < expect and (left := deadline - time.monotonic()) > 0:
+                replies.arrived.wait(left)
+            return dict(replies.by_device)
+
+    def close(self) -> None:
+        """Disconnect."""
+        self.client.disconnect()
+        self.client.loop_stop()

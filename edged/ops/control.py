@@ -1,0 +1,271 @@
+"""The control plane on the device: signed commands in, results and events out, the retained state.
+
+    paho's thread ──deliver()──▶ (bounded queue) ──▶ edged-control thread: gate ─▶ handler ─▶ reply + event
+
+Commands run one at a time on the `edged-control` thread, so a slow one (a reload with a model build,
+a recording) never holds up MQTT or the pipelines. Each one is answered: on the MQTT 5 response topic
+when the command named one (with its correlation data), and always as an event on
+`edged/{device_id}/events`. The reported state (`edged/{device_id}/state`, retained) goes on every
+connect, after every command and whenever health changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from edged import __version__
+from edged.core.errors import CommandError, EdgedError
+from edged.core.threads import Supervised
+from edged.ops.remoteconfig import apply_remote_config
+from edged.pipeline.frametap import FrameTap, save_frames
+from edged.uplink.commandgate import Command, CommandGate
+from edged.uplink.controlsettings import ControlConfig
+from edged.uplink.mqttclient import topic_for
+from edged.uplink.sidechannel import SideMessage
+
+log = logging.getLogger(__name__)
+
+QUEUE_MAX = 16  # command messages waiting at most; beyond, they are refused as `busy`
+RELOAD_WAIT_S = 120.0
+Handler = Any
+
+
+class ControlTarget(Protocol):
+    """What the control plane needs of the daemon."""
+
+    def snapshot(self) -> dict[str, Any]:
+        """The status JSON."""
+        ...
+
+    def reload_and_wait(self, timeout: float) -> dict[str, Any]:
+        """Reload the config file; the reload status."""
+        ...
+
+    def config_file(self) -> Path | None:
+        """The config file the daemon runs from."""
+        ...
+
+    def frame_tap(self, pipeline: str | None) -> tuple[str, FrameTap]:
+        """A pipeline's frame tap (the first pipeline's for None); EdgedError for an unknown name."""
+        ...
+
+
+class Outbox(Protocol):
+    """Where replies, events and the state go (the publisher's side channel)."""
+
+    def send(self, message: SideMessage) -> None:
+        """Queue one message."""
+        ...
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NoArgs(_Args):
+    """reload, status."""
+
+
+class ConfigArgs(_Args):
+    """config: a partial config merged into the file, or the whole file with `replace`."""
+
+    config: dict[str, Any]
+    replace: bool = False
+
+
+class RecordArgs(_Args):
+    """record: save frames the model sees to <state_dir>/records/<pipeline>-<time>.npz."""
+
+    pipeline: str | None = None
+    frames: int = Field(50, ge=1, le=500)
+    every: int = Field(1, ge=1, le=1000)
+    timeout_s: float = Field(60.0, gt=0, le=600)
+
+
+class Controller(Supervised):
+    """The `edged-control` thread and the control link the publisher talks to."""
+
+    def __init__(self, cfg: ControlConfig, device_id: str, state_dir: Path, target: ControlTarget) -> None:
+        super().__init__("edged-control")
+        self.cfg = cfg
+        self.device_id = device_id
+        self.state_dir = state_dir
+        self.target = target
+        self.gate = CommandGate(cfg, device_id, state_dir)
+        self.outbox: Outbox | None = None
+        self.events_topic = topic_for(cfg.events_topic, device_id)
+        self.state_topic = topic_for(cfg.state_topic, device_id)
+        self._queue: queue.Queue[tuple[str, bytes, str | None, bytes | None] | None] = queue.Queue(QUEUE_MAX)
+        self._lock = threading.Lock()
+        self._busy = 0
+        self._last_state: str | None = None
+        self._started_sent = False
+        self._handlers: dict[str, tuple[type[_Args], Handler]] = {
+            "status": (NoArgs, self._status),
+            "reload": (NoArgs, self._reload),
+            "config": (ConfigArgs, self._config),
+            "record": (RecordArgs, self._record),
+        }
+
+    # -- the control link (paho's thread and the edged-mqtt thread) --------------------------------------
+
+    def topics(self) -> list[str]:
+        """Command topic filters: this device's and its groups'."""
+        return self.gate.topics()
+
+    def deliver(self, topic: str, payload: bytes, response_topic: str | None, correlation: bytes | None) -> None:
+        """Queue a command message; a full queue refuses it at once (never blocks paho)."""
+        try:
+            self._queue.put_nowait((topic, payload, response_topic, correlation))
+        except queue.Full:
+            with self._lock:
+                self._busy += 1
+            log.warning("control: %d commands wait already; one on %s refused (busy)", QUEUE_MAX, topic)
+
+    def connected(self) -> None:
+        """A connection is up: the retained state again, and `started` once."""
+        if not self._started_sent:
+            self._started_sent = True
+            self.event("started", version=__version__)
+        self.publish_state(force=True)
+
+    def stop(self, timeout: float) -> None:
+        """Finish the command in progress (within `timeout`), then end."""
+        self._queue.put(None)
+        if self.is_alive():
+            self.join(timeout)
+
+    # -- the thread --------------------------------------------------------------------------------------
+
+    def body(self) -> None:
+        """One command at a time, until stopped."""
+        while True:
+            item = self._queue.get()  # asleep until a command comes
+            if item is None:
+                return
+            self._handle(*item)
+
+    def _handle(self, topic: str, payload: bytes, response_topic: str | None, correlation: bytes | None) -> None:
+        started = time.monotonic()
+        try:
+            command = self.gate.admit(
+                topic, payload, response_topic=response_topic, correlation=correlation, check_args=self._parse_args
+            )
+        except CommandError as exc:
+            self._answer(None, response_topic, correlation, ok=False, reason=exc.reason, detail=str(exc))
+            return
+        _, handler = self._handlers[command.name]
+        try:
+            ok, detail = handler(self._parse_args(command.name, command.args))
+        except CommandError as exc:
+            self._answer(command, response_topic, correlation, ok=False, reason=exc.reason, detail=str(exc))
+        except EdgedError as exc:
+            self._answer(command, response_topic, correlation, ok=False, reason="failed", detail=str(exc))
+        else:
+            took = round(time.monotonic() - started, 3)
+            self._answer(command, response_topic, correlation, ok=ok, reason=None if ok else "failed",
+                         detail=detail, took_s=took)  # fmt: skip
+        self.publish_state()
+
+    def _parse_args(self, name: str, args: dict[str, Any]) -> _Args:
+        model, _ = self._handlers[name]
+        try:
+            return model.model_validate(args)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise CommandError("malformed", f"args.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+    def _answer(self, command: Command | None, response_topic: str | None, correlation: bytes | None,
+                **fields: Any) -> None:  # fmt: skip
+        body = {"v": 1, "device": self.device_id, "ts": round(time.time(), 3), "event": "command",
+                "cmd": command.name if command else None, "id": command.id if command else None, **fields}  # fmt: skip
+        payload = json.dumps(body, default=str).encode("utf-8")
+        if self.outbox is None:
+            return
+        if response_topic and command is not None:  # an unauthenticated sender gets no private reply
+            self.outbox.send(SideMessage(response_topic, payload, correlation=correlation))
+        self.outbox.send(SideMessage(self.events_topic, payload))
+
+    # -- events and state --------------------------------------------------------------------------------
+
+    def event(self, name: str, **fields: Any) -> None:
+        """A lifecycle event on the events topic (started, degraded, recovered, reloaded, ...)."""
+        if self.outbox is None:
+            return
+        body = {"v": 1, "device": self.device_id, "ts": round(time.time(), 3), "event": name, **fields}
+        self.outbox.send(SideMessage(self.events_topic, json.dumps(body, default=str).encode("utf-8")))
+
+    def reported_state(self) -> dict[str, Any]:
+        """The retained state: what runs here (no timestamp inside, so an unchanged state is not re-sent)."""
+        snap = self.target.snapshot()
+        path = self.target.config_file()
+        try:
+            config_sha = hashlib.sha256(path.read_bytes()).hexdigest() if path else None
+        except OSError:
+            config_sha = None
+        pipelines = [{"name": p["name"], "model": p.get("model"), "provider": p.get("provider"),
+                      "state": p.get("state")} for p in snap.get("pipelines", [])]  # fmt: skip
+        return {"v": 1, "device": self.device_id, "version": snap.get("version"), "health": snap.get("state"),
+                "reasons": snap.get("reasons", []), "config_sha256": config_sha, "groups": self.cfg.groups,
+                "pipelines": pipelines}  # fmt: skip
+
+    def publish_state(self, *, force: bool = False) -> None:
+        """Publish the retained state if it changed (or `force`); a health change is also an event."""
+        if self.outbox is None:
+            return
+        state = self.reported_state()
+        text = json.dumps(state, sort_keys=True, default=str)
+        with self._lock:
+            previous, self._last_state = self._last_state, text
+        if previous is not None:
+            was = json.loads(previous).get("health")
+            if was != state["health"] and state["health"] in ("degraded", "running"):
+                self.event("degraded" if state["health"] == "degraded" else "recovered", reasons=state["reasons"])
+        if force or text != previous:
+            self.outbox.send(SideMessage(self.state_topic, text.encode("utf-8"), retain=True))
+
+    def snapshot(self) -> dict[str, Any]:
+        """The `control` entry of the status JSON."""
+        snap = self.gate.snapshot()
+        with self._lock:
+            if self._busy:
+                snap["refused"]["busy"] = snap["refused"].get("busy", 0) + self._busy
+        snap["topics"] = self.topics()
+        return snap
+
+    # -- the commands ------------------------------------------------------------------------------------
+
+    def _status(self, _args: NoArgs) -> tuple[bool, Any]:
+        return True, self.target.snapshot()
+
+    def _reload(self, _args: NoArgs) -> tuple[bool, Any]:
+        result = self.target.reload_and_wait(RELOAD_WAIT_S)
+        return result.get("result") == "applied", result
+
+    def _config(self, args: ConfigArgs) -> tuple[bool, Any]:
+        path = self.target.config_file()
+        if path is None:
+            raise CommandError("failed", "this daemon was not started from a config file")
+        apply_remote_config(path, args.config, replace=args.replace)
+        result = self.target.reload_and_wait(RELOAD_WAIT_S)
+        return result.get("result") == "applied", result
+
+    def _record(self, args: RecordArgs) -> tuple[bool, Any]:
+        name, tap = self.target.frame_tap(args.pipeline)
+        tap.arm(args.frames, args.every)
+        frames = tap.wait(args.timeout_s)
+        if not frames:
+            raise CommandError("failed", f"pipeline {name} gave no frame within {args.timeout_s:g} s")
+        folder = self.state_dir / "records"
+        folder.mkdir(mode=0o750, exist_ok=True)
+        path = save_frames(folder / f"{name}-{time.strftime('%Y%m%dT%H%M%S')}.npz", frames)
+        return True, {"path": str(path), "frames": len(frames), "complete": len(frames) >= args.frames}

@@ -1,0 +1,177 @@
+"""The gate every remote command passes before anything runs: size, signature, schema, target, age, replay.
+
+In that order, cheapest first: a message over `max_bytes` is refused unread; the signature is checked on
+the parsed object before its fields mean anything (a tampered field is a bad signature, not a schema
+error); then the fields; then the target and the command name must match the topic it came on (a command
+signed for one device cannot be replayed to another); the timestamp must be within `max_age_s` of now;
+and its nonce must be new. Nonces are kept for `max_age_s` in `<state_dir>/control-nonces.json`, so a
+restart does not reopen the window. Every refusal has a reason key and is counted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from edged.core.errors import CommandError
+from edged.core.signing import load_public_key, verify
+from edged.uplink.controlsettings import CommandName, ControlConfig
+from edged.uplink.mqttclient import topic_for
+
+log = logging.getLogger(__name__)
+
+ArgsCheck = Callable[[str, dict[str, Any]], object]
+NONCES_KEPT = 100_000  # bounded memory even under a flood of valid commands
+
+
+class Envelope(BaseModel):
+    """A command message (JSON). `sig` signs every other field (edged/core/signing.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    v: Literal[1]
+    cmd: CommandName
+    id: str = Field(min_length=1, max_length=64)
+    target: str = Field(min_length=1, max_length=80, description="A device id, or group:<name>.")
+    ts: float
+    nonce: str = Field(min_length=8, max_length=128)
+    args: dict[str, Any] = Field(default_factory=dict)
+    sig: str
+
+
+@dataclass(frozen=True)
+class Command:
+    """A command that passed the gate."""
+
+    name: CommandName
+    id: str
+    target: str
+    args: dict[str, Any]
+    response_topic: str | None = None
+    correlation: bytes | None = None
+
+
+@dataclass
+class GateCounters:
+    """What the gate let through and refused, by reason."""
+
+    accepted: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+    last_refusal: str | None = None
+
+
+class CommandGate:
+    """Checks command messages for one device (thread-safe: paho's thread and the control thread)."""
+
+    def __init__(self, cfg: ControlConfig, device_id: str, state_dir: Path) -> None:
+        self.cfg = cfg
+        self.device_id = device_id
+        self.keys = [load_public_key(k) for k in cfg.public_keys]
+        self.counters = GateCounters()
+        self._lock = threading.Lock()
+        self._nonce_path = state_dir / "control-nonces.json"
+        self._nonces = self._load_nonces()
+        self._prefixes = {topic_for(cfg.cmd_topic, device_id): device_id}
+        for group in cfg.groups:
+            self._prefixes[topic_for(cfg.group_topic.replace("{group}", group), device_id)] = f"group:{group}"
+
+    def topics(self) -> list[str]:
+        """The topic filters to subscribe to."""
+        return [f"{prefix}/+" for prefix in self._prefixes]
+
+    def admit(self, topic: str, payload: bytes, *, response_topic: str | None = None,
+              correlation: bytes | None = None, now: float | None = None,
+              check_args: ArgsCheck | None = None) -> Command:  # fmt: skip
+        """The command, or CommandError with the reason (counted either way). `check_args(name, args)`
+        validates the arguments (raising CommandError `malformed`) before the command counts as accepted."""
+        try:
+            command = self._check(topic, payload, time.time() if now is None else now)
+            if check_args is not None:
+                check_args(command.cmd, command.args)
+        except CommandError as exc:
+            with self._lock:
+                self.counters.refused[exc.reason] = self.counters.refused.get(exc.reason, 0) + 1
+                self.counters.last_refusal = f"{exc.reason}: {exc}"
+            log.warning("control: command on %s refused (%s): %s", topic, exc.reason, exc)
+            raise
+        with self._lock:
+            self.counters.accepted += 1
+        return Command(command.cmd, command.id, command.target, command.args, response_topic, correlation)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The `control` entry of the status JSON."""
+        with self._lock:
+            c = self.counters
+            return {"accepted": c.accepted, "refused": dict(c.refused), "last_refusal": c.last_refusal}
+
+    # -- the checks ----------------------------------------------------------------------------------------
+
+    def _check(self, topic: str, payload: bytes, now: float) -> Envelope:
+        if len(payload) > self.cfg.max_bytes:
+            raise CommandError("too_large", f"{len(payload)} bytes; commands are at most {self.cfg.max_bytes}")
+        try:
+            raw = json.loads(payload)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CommandError("malformed", f"not JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise CommandError("malformed", "a command is a JSON object")
+        verify(raw, self.keys)  # unsigned / bad_signature
+        try:
+            env = Envelope.model_validate(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise CommandError("malformed", f"{where}: {first['msg']}") from None
+        self._check_route(topic, env)
+        if abs(now - env.ts) > self.cfg.max_age_s:
+            age = now - env.ts
+            raise CommandError("stale", f"signed {age:.0f} s ago; the window is ±{self.cfg.max_age_s:g} s")
+        self._check_nonce(env.nonce, env.ts, now)
+        return env
+
+    def _check_route(self, topic: str, env: Envelope) -> None:
+        prefix, _, name = topic.rpartition("/")
+        target = self._prefixes.get(prefix)
+        if target is None or env.target != target:
+            raise CommandError("wrong_target", f"signed for {env.target!r}, arrived on {topic!r}")
+        if name != env.cmd:
+            raise CommandError("wrong_target", f"a {env.cmd!r} command on the {name!r} topic")
+        if env.cmd not in self.cfg.commands:
+            raise CommandError("not_allowed", f"this device does not take {env.cmd!r} (control.commands)")
+
+    def _check_nonce(self, nonce: str, ts: float, now: float) -> None:
+        with self._lock:
+            horizon = now - self.cfg.max_age_s
+            if len(self._nonces) >= NONCES_KEPT or next(iter(self._nonces.values()), now) < horizon:
+                self._nonces = {n: t for n, t in self._nonces.items() if t >= horizon}
+            if nonce in self._nonces:
+                raise CommandError("replayed", "this nonce was used already")
+            if len(self._nonces) >= NONCES_KEPT:
+                raise CommandError("busy", "too many commands within the window")
+            self._nonces[nonce] = max(ts, now)
+            self._save_nonces()
+
+    def _load_nonces(self) -> dict[str, float]:
+        try:
+            data = json.loads(self._nonce_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            # an unreadable file must not reopen the replay window silently: refuse until it ages out
+            log.warning("control: %s unreadable (%s); commands older than now are refused", self._nonce_path, exc)
+            return {}
+        horizon = time.time() - self.cfg.max_age_s
+        return {str(n): float(t) for n, t in data.items() if float(t) >= horizon}
+
+    def _save_nonces(self) -> None:
+        tmp = self._nonce_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self._nonces), encoding="utf-8")
+        tmp.replace(self._nonce_path)

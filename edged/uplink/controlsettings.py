@@ -1,0 +1,70 @@
+"""The `control` config section: remote commands over MQTT, signed with Ed25519. Absent = off."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from edged.core.settings import NAME_PATTERN, Strict
+from edged.core.signing import load_public_key
+from edged.uplink.settings import check_topic_template
+
+CommandName = Literal["reload", "status", "config", "record"]
+ALL_COMMANDS: tuple[CommandName, ...] = ("reload", "status", "config", "record")
+
+
+def _check_key(text: str) -> None:
+    try:
+        load_public_key(text)
+    except ValueError as exc:
+        raise ValueError(f"{text[:16]!r}... is not an Ed25519 public key: {exc}") from exc
+
+
+class ControlConfig(Strict):
+    """Remote control: commands on `edged/{device_id}/cmd/{name}` (and the groups' topics), each signed."""
+
+    public_keys: list[str] = Field(
+        min_length=1,
+        description="Ed25519 public keys (base64, as `edged fleet keygen` prints) allowed to sign commands.",
+    )
+    groups: list[str] = Field(
+        default_factory=list, description="Groups this device is in: it also obeys `edged/group/{group}/cmd/...`."
+    )
+    commands: list[CommandName] = Field(
+        default_factory=lambda: list(ALL_COMMANDS), description="The commands this device accepts."
+    )
+    max_age_s: float = Field(
+        300.0,
+        gt=0,
+        le=86_400,
+        description="A command older (or further in the future) than this is refused as stale; nonces are "
+        "remembered this long, also across restarts, so a replay is refused.",
+    )
+    max_bytes: int = Field(65_536, ge=1024, le=1_048_576, description="Larger command messages are refused.")
+    cmd_topic: str = Field("edged/{device_id}/cmd", description="Commands arrive on <this>/<name>.")
+    group_topic: str = Field("edged/group/{group}/cmd", description="Group commands arrive on <this>/<name>.")
+    events_topic: str = Field("edged/{device_id}/events", description="Command results and lifecycle events.")
+    state_topic: str = Field("edged/{device_id}/state", description="Retained reported state.")
+
+    @field_validator("public_keys")
+    @classmethod
+    def _keys(cls, value: list[str]) -> list[str]:
+        for text in value:
+            _check_key(text)
+        return value
+
+    @field_validator("groups")
+    @classmethod
+    def _group_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.fullmatch(NAME_PATTERN, name):
+                raise ValueError(f"group {name!r}: [A-Za-z0-9_.-], at most 64 characters")
+        return value
+
+    @field_validator("cmd_topic", "group_topic", "events_topic", "state_topic")
+    @classmethod
+    def _topic(cls, value: str) -> str:
+        check_topic_template(value.replace("{group}", "g"))
+        return value

@@ -1,0 +1,183 @@
+"""Remote control against real daemons through a real Mosquitto: signed commands do what they say, every
+bad one is refused with its reason and changes nothing, and the daemon answers the next good one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import paho.mqtt.client as paho
+import pytest
+from conftest import Broker, DaemonProc, StartDaemon, Subscribe, base_config, make_video, wait_for, write_config
+from paho.mqtt.enums import CallbackAPIVersion
+
+from edged.core.signing import generate_key, load_private_key, sign
+from edged.fleet.send import BrokerOptions, FleetClient, command_topic, new_command
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Rig:
+    """A broker, a model, a way to start daemons and a fleet client with its key."""
+
+    tmp_path: Path
+    broker: Broker
+    model: Path
+    start_daemon: StartDaemon
+    fleet: FleetClient
+    key: Path
+    public: str
+
+
+@pytest.fixture
+def rig(tmp_path: Path, broker: Broker, tiny_model: Path, start_daemon: StartDaemon) -> Iterator[Rig]:
+    key = tmp_path / "fleet.key"
+    public = generate_key(key)
+    fleet = FleetClient(BrokerOptions(broker.host, broker.port), load_private_key(key))
+    yield Rig(tmp_path, broker, tiny_model, start_daemon, fleet, key, public)
+    fleet.close()
+
+
+def control_daemon(rig: Rig, name: str = "d", groups: tuple[str, ...] = ()) -> tuple[DaemonProc, dict[str, Any], Path]:
+    home = rig.tmp_path / name
+    home.mkdir()
+    video = make_video(home / "v.mp4", 20)
+    cfg = base_config(home, rig.model, str(video), broker=rig.broker, fps=20, loop=True, stop_at_end=False)
+    cfg["control"] = {"public_keys": [rig.public], "groups": list(groups)}
+    path = write_config(home / "edged.yaml", cfg)
+    daemon = rig.start_daemon(path)
+    wait_for(lambda: (daemon.status() or {}).get("mqtt", {}).get("connected"), 60, "the daemon connected")
+    return daemon, cfg, path
+
+
+def ask(fleet: FleetClient, cmd: str, target: str, args: dict[str, Any] | None = None,
+        expect: int = 1) -> dict[str, dict[str, Any]]:  # fmt: skip
+    return fleet.wait(fleet.send(new_command(cmd, target, args)), expect=expect, timeout=60)
+
+
+def test_status_answers_on_the_response_topic_and_the_state_is_retained(rig: Rig, subscribe: Subscribe) -> None:
+    daemon, cfg, _ = control_daemon(rig)
+    dev = cfg["device_id"]
+    answer = ask(rig.fleet, "status", dev)[dev]
+    assert answer["ok"] is True
+    assert answer["detail"]["pipelines"][0]["name"] == "cam0"
+    late = subscribe(rig.broker, f"edged/{dev}/state")  # subscribed after it was sent: retained
+    wait_for(lambda: late.payloads(f"edged/{dev}/state"), 10, "the retained state")
+    state = json.loads(late.payloads(f"edged/{dev}/state")[-1][0])
+    assert state["health"] in ("running", "degraded")
+    assert state["pipelines"][0]["model"]["sha256"]
+    assert len(state["config_sha256"]) == 64
+    assert daemon.status()["control"]["accepted"] == 1  # type: ignore[index]
+
+
+def test_config_is_validated_first_and_applied_only_when_valid(rig: Rig) -> None:
+    daemon, cfg, path = control_daemon(rig)
+    dev = cfg["device_id"]
+    before = path.read_bytes()
+    bad = ask(rig.fleet, "config", dev, {"config": {"pipelines": [{"name": "cam0", "postprocess": {"type": "nope"}}]}})
+    assert (bad[dev]["ok"], bad[dev]["reason"]) == (False, "invalid_config")
+    assert "<remote config>" in bad[dev]["detail"]
+    assert path.read_bytes() == before  # nothing changed on the device
+    assert daemon.status()["reload"]["result"] is None  # type: ignore[index]
+
+    good = ask(rig.fleet, "config", dev, {"config": {"log_level": "debug"}})
+    assert good[dev]["ok"] is True, good
+    assert "log_level debug applied" in good[dev]["detail"]["notes"]
+    assert "log_level: debug" in path.read_text()
+    assert path.with_name("edged.yaml.prev").read_bytes() == before
+    # and the next reload still works (aftermath)
+    assert ask(rig.fleet, "reload", dev)[dev]["detail"]["result"] == "applied"
+
+
+def test_record_saves_the_frames_the_model_sees(rig: Rig) -> None:
+    _, cfg, _ = control_daemon(rig)
+    dev = cfg["device_id"]
+    answer = ask(rig.fleet, "record", dev, {"frames": 5, "every": 2})[dev]
+    assert answer["ok"] is True, answer
+    saved = np.load(answer["detail"]["path"])["frames"]
+    assert saved.shape == (5, 48, 64, 3)
+
+
+def test_a_group_command_reaches_every_member(rig: Rig) -> None:
+    group = f"lobby{rig.tmp_path.name[-6:]}"
+    devices = [control_daemon(rig, name, (group,))[1]
+               for name in ("a", "b")]  # fmt: skip
+    answers = ask(rig.fleet, "status", f"group:{group}", expect=2)
+    assert sorted(answers) == sorted(d["device_id"] for d in devices)
+    assert all(a["ok"] for a in answers.values())
+
+
+def test_bad_commands_are_refused_counted_and_change_nothing(rig: Rig, subscribe: Subscribe) -> None:
+    daemon, cfg, path = control_daemon(rig)
+    dev = cfg["device_id"]
+    events = subscribe(rig.broker, f"edged/{dev}/events")
+    key = load_private_key(rig.key)
+    generate_key(rig.tmp_path / "stranger.key")
+    stranger = load_private_key(rig.tmp_path / "stranger.key")
+    change = {"config": {"log_level": "debug"}}
+    topic = command_topic("config", dev)
+    replay = json.dumps(sign(new_command("config", dev, {"config": {"log_level": "warning"}}), key)).encode()
+    tampered = sign(new_command("config", dev, {"config": {"log_level": "info"}}), key)
+    tampered["args"] = change
+    attempts = {
+        "unsigned": json.dumps(new_command("config", dev, change)).encode(),
+        "bad_signature": json.dumps(tampered).encode(),
+        "stale": json.dumps(sign(new_command("config", dev, change, ts=1_700_000_000.0), key)).encode(),
+        "too_large": json.dumps(sign(new_command("config", dev, {"config": {"x": "y" * 70_000}}), key)).encode(),
+        "wrong_target": json.dumps(sign(new_command("config", "someone-else", change), key)).encode(),
+        "malformed": json.dumps(sign(new_command("record", dev, {"frames": -1}), key)).encode(),
+    }
+    publisher = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id=f"attacker-{dev}")
+    publisher.connect(rig.broker.host, rig.broker.port)
+    publisher.loop_start()
+    try:
+        for reason, payload in attempts.items():
+            target = command_topic("record", dev) if reason == "malformed" else topic
+            publisher.publish(target, payload, qos=1).wait_for_publish(10)
+        publisher.publish(topic, json.dumps(sign(new_command("config", dev, change), stranger)), qos=1)
+        publisher.publish(topic, replay, qos=1).wait_for_publish(10)
+        wait_for(lambda: (daemon.status() or {}).get("control", {}).get("accepted") == 1, 30, "the first copy")
+        publisher.publish(topic, replay, qos=1).wait_for_publish(10)  # the same message again: a replay
+    finally:
+        publisher.loop_stop()
+        publisher.disconnect()
+
+    expected = {**dict.fromkeys(attempts, 1), "bad_signature": 2, "replayed": 1}
+    wait_for(lambda: daemon.status()["control"]["refused"] == expected, 30, "every refusal counted")  # type: ignore[index]
+    wait_for(lambda: len([e for e in (json.loads(p) for p, _ in events.payloads(f"edged/{dev}/events"))
+                          if e.get("ok") is False]) == 8, 30, "an event per refusal")  # fmt: skip
+    refused = [e for e in (json.loads(p) for p, _ in events.payloads(f"edged/{dev}/events")) if e.get("ok") is False]
+    assert sorted({e["reason"] for e in refused}) == sorted(expected)
+    assert "log_level: debug" not in path.read_text()  # none of the bad ones changed anything
+    assert "log_level: warning" in path.read_text()  # the one good copy did, once
+    # aftermath: a good command still works, the daemon is healthy
+    assert ask(rig.fleet, "status", dev)[dev]["ok"] is True
+    assert daemon.status()["state"] in ("running", "degraded")  # type: ignore[index]
+
+
+def test_key_setup_and_send_from_the_command_line(rig: Rig) -> None:
+    key = rig.tmp_path / "ops.key"
+    made = subprocess.run([sys.executable, "-m", "edged", "fleet", "keygen", str(key)], check=False,
+                          capture_output=True, text=True)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert key.stat().st_mode & 0o777 == 0o600
+    public = made.stdout.split('public_keys: ["')[1].split('"')[0]
+    again = subprocess.run([sys.executable, "-m", "edged", "fleet", "keygen", str(key)], check=False,
+                           capture_output=True, text=True)  # fmt: skip
+    assert again.returncode == 1
+    assert "not overwriting a key" in again.stderr
+    rig.public, rig.key = public, key
+    _, cfg, _ = control_daemon(rig)
+    dev = cfg["device_id"]
+    sent = subprocess.run([sys.executable, "-m", "edged", "fleet", "send", "status", "--device", dev, "--key", str(key),
+                           "--host", rig.broker.host, "--port", str(rig.broker.port)],
+                          check=False, capture_output=True, text=True)  # fmt: skip
+    assert sent.returncode == 0, sent.stderr
+    assert json.loads(sent.stdout)[dev]["ok"] is True
