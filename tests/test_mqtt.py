@@ -20,7 +20,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from edged.core.stats import MqttStats
 from edged.store.spool import Spool, SpoolConfig
 from edged.uplink.inflight import InFlight, Message
-from edged.uplink.publisher import PackedProperties, Publisher, topic_for
+from edged.uplink.publisher import PackedProperties, Publisher, stop_network_thread, topic_for
 from edged.uplink.settings import MqttConfig
 
 
@@ -323,6 +323,28 @@ def test_the_first_reconnect_after_a_lost_connection_is_spread_over_the_window(t
     assert max(delays) <= 20.0
     per_second = [sum(1 for d in delays if s <= d < s + 1) for s in range(20)]
     assert max(per_second) <= 100  # no second of the window gets more than 10% of a 1,000-device fleet
+    pub._spreading = True  # noqa: SLF001  (as after a lost connection: the attempts keep their phase)
+    assert all(18.0 <= pub.retry_delay() <= 22.0 for _ in range(100))
     off = Publisher(MqttConfig.model_validate({"reconnect_spread_s": 0}), "at-once", spool, MqttStats())
     assert off.first_retry_delay() == 0.0
     spool.close()
+
+
+def test_stopping_a_network_thread_that_already_ended_is_not_an_error() -> None:
+    """paho's race: its thread clears client._thread on its way out, after loop_stop checked it and before
+    it joins; loop_stop then raises AttributeError. Seen once in benchmarks/fleet.py (it killed the
+    edged-mqtt thread). Here the race is forced: the thread ends and the attribute is cleared first."""
+    client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="race")
+    done = threading.Event()
+    thread = threading.Thread(target=done.wait, name="paho-stand-in")
+    thread.start()
+    client._thread = thread  # noqa: SLF001  (the state paho is in when the race hits)
+
+    def loop_stop_mid_race() -> None:
+        client._thread = None  # noqa: SLF001  (paho's thread ended and cleared it)
+        raise AttributeError("'NoneType' object has no attribute 'join'")
+
+    client.loop_stop = loop_stop_mid_race  # type: ignore[method-assign,assignment]
+    done.set()
+    stop_network_thread(client, thread)
+    assert not thread.is_alive()

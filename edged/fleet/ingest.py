@@ -50,7 +50,7 @@ class IngestOptions:
     results_topic: str = "edged/+/+/results"
     stats_topic: str = "edged/+/stats"
     batch: int = 1000  # results per transaction at most
-    flush_s: float = 0.05  # a partial batch waits at most this long for more
+    flush_s: float = 0.25  # a partial batch waits at most this long for more (a database likes big ones)
     receive_max: int = 4000  # unacknowledged messages the broker may send (MQTT 5 Receive Maximum)
     session_expiry_s: int = 86_400  # how long the broker keeps the session (and queues) while we are away
     ca_file: Path | None = None
@@ -93,7 +93,8 @@ class MalformedError(ValueError):
 def parse_results(payload: bytes) -> list[ResultRow]:
     """The result rows of one message (a JSON object, or an array with `mqtt.batch` > 1)."""
     data = json.loads(payload)
-    items = data if isinstance(data, list) else [data]
+    single = not isinstance(data, list)
+    items = [data] if single else data
     rows = []
     for item in items:
         if not isinstance(item, dict):
@@ -105,7 +106,8 @@ def parse_results(payload: bytes) -> list[ResultRow]:
             raise MalformedError("seq must be a positive integer")
         if not isinstance(ts, int | float) or isinstance(ts, bool):
             raise MalformedError("ts must be a number")
-        rows.append(ResultRow(device, pipeline, seq, float(ts), json.dumps(item, separators=(",", ":"))))
+        body = payload.decode("utf-8") if single else json.dumps(item, separators=(",", ":"))  # as sent
+        rows.append(ResultRow(device, pipeline, seq, float(ts), body))
     return rows
 
 
@@ -224,6 +226,7 @@ class Ingest:
             self.writer.join(timeout)
         self.client.disconnect()
         self.client.loop_stop()
+        log.info("ingest: stopped: %s", json.dumps(self.snapshot()))
 
     def wait_connected(self, timeout: float) -> bool:
         """True once connected and subscribed (after a broker restart paho reconnects by itself)."""

@@ -158,12 +158,17 @@ class SqliteDatabase:
 
 
 class PostgresDatabase:
-    """Results in PostgreSQL (psycopg 3). One INSERT ... SELECT FROM unnest(...) per batch: one round trip."""
+    """Results in PostgreSQL (psycopg 3): per batch one COPY and one INSERT, in one transaction."""
 
+    # COPY into a temporary table, then one INSERT ... ON CONFLICT: COPY is psycopg's fastest path (about
+    # twice the rows/s of INSERT ... SELECT FROM unnest(arrays), whose array quoting runs in Python)
+    INCOMING = (
+        "CREATE TEMPORARY TABLE IF NOT EXISTS incoming (device TEXT, pipeline TEXT, seq BIGINT, "
+        "ts DOUBLE PRECISION, body TEXT) ON COMMIT DELETE ROWS"
+    )
     INSERT = (
         "INSERT INTO results (device, pipeline, seq, ts, body) "
-        "SELECT d, p, s, t, b::jsonb FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::float8[], %s::text[]) "
-        "AS u(d, p, s, t, b) ON CONFLICT DO NOTHING"
+        "SELECT device, pipeline, seq, ts, body::jsonb FROM incoming ON CONFLICT DO NOTHING"
     )
     UPSERT_STATS = (
         "INSERT INTO device_stats VALUES (%s, %s, %s::jsonb) ON CONFLICT (device) DO UPDATE "
@@ -187,6 +192,7 @@ class PostgresDatabase:
             with self.conn.transaction():
                 for statement in SCHEMA:
                     self.conn.execute(statement.format(json="JSONB"))
+                self.conn.execute(self.INCOMING)
         except psycopg.Error as exc:
             self.conn = None
             raise IngestError(f"cannot open the PostgreSQL database: {_safe(exc)}") from exc
@@ -199,8 +205,11 @@ class PostgresDatabase:
             with self.conn.transaction():
                 inserted = 0
                 if rows:
-                    columns = [list(c) for c in zip(*rows, strict=True)]
-                    inserted = self.conn.execute(self.INSERT, columns).rowcount
+                    with self.conn.cursor() as cur:
+                        with cur.copy("COPY incoming FROM STDIN") as copy:
+                            for row in rows:
+                                copy.write_row(row)
+                        inserted = cur.execute(self.INSERT).rowcount
                 for stat in stats:
                     self.conn.execute(self.UPSERT_STATS, stat)
         except psycopg.Error as exc:

@@ -65,8 +65,21 @@ class _Conn:
     closed: bool = False
     refused: str | None = None
     looping: bool = False  # paho's network thread was started
+    thread: threading.Thread | None = None  # that thread
     since: float = 0.0
     blamed: bool = False  # it dropped over a message (refused, counted): reconnect without escalating
+
+
+def stop_network_thread(client: paho.Client, thread: threading.Thread | None, timeout: float = 10.0) -> None:
+    """`loop_stop()`, and join paho's thread. paho 2.x races here: when its thread ends by itself (the
+    broker closed the connection) it clears `client._thread` between loop_stop's check and its join, and
+    loop_stop raises AttributeError; that killed the edged-mqtt thread once in benchmarks/fleet.py."""
+    try:
+        client.loop_stop()
+    except AttributeError:
+        log.debug("mqtt: paho's network thread ended while being stopped")
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout)
 
 
 class Publisher(Supervised):
@@ -102,6 +115,7 @@ class Publisher(Supervised):
         self._backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
         self._refused_backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
         self._spread = random.Random()  # noqa: S311  (jitter, not cryptography)
+        self._spreading = False  # retrying after a lost connection (see retry_delay)
         self.control: ControlLink | None = None
         self.side = SideChannel(self._wake.set)  # command replies, events, the retained state
         spool.on_change(self._wake.set)
@@ -132,11 +146,12 @@ class Publisher(Supervised):
                 failures += 1
                 if conn is not None:
                     self._close(conn, offline=False)
-                self._halt.wait(self._backoff.next_delay())
+                self._halt.wait(self.retry_delay())
                 continue
             if failures:
                 log.info("mqtt: connected to %s:%d after %d failed attempts", self.cfg.host, self.cfg.port, failures)
             failures = 0
+            self._spreading = False
             self._serve(conn)
             self._close(conn, offline=self._halt.is_set())
             self._after_connection(conn)
@@ -150,6 +165,7 @@ class Publisher(Supervised):
             self._backoff.reset()
             # the first attempt is jittered too: when a broker restarts, every device loses its connection
             # in the same instant, and without this they would all knock at once when it is back
+            self._spreading = self.cfg.reconnect_spread_s > 0
             self._halt.wait(self.first_retry_delay())
             return
         delay = self.cfg.reconnect_min_s if conn.blamed else self._backoff.next_delay()
@@ -158,6 +174,16 @@ class Publisher(Supervised):
     def first_retry_delay(self) -> float:
         """The wait before the first attempt after a lost connection: uniform in 0..reconnect_spread_s."""
         return self._spread.uniform(0.0, self.cfg.reconnect_spread_s)
+
+    def retry_delay(self) -> float:
+        """The wait after a failed attempt. After a lost connection (the fleet case: the broker went away
+        for everyone at once) every device keeps its random phase and tries again every ~spread seconds
+        (±10%): whenever the broker comes back, the next attempts are spread evenly over the window (an
+        exponential backoff would bunch up the devices whose first attempt fell while it was down). At
+        start-up, or after a connection that carried nothing, the capped exponential backoff."""
+        if self._spreading:
+            return self._spread.uniform(0.9, 1.1) * self.cfg.reconnect_spread_s
+        return self._backoff.next_delay()
 
     def _connect(self) -> _Conn | None:
         conn = _Conn(new_client(self.cfg, self.client_id, self.availability_topic, self._password))
@@ -175,6 +201,7 @@ class Publisher(Supervised):
         conn.looping = True
         paho_thread = getattr(client, "_thread", None)  # paho names it paho-mqtt-client-<id>; the OS does not
         if isinstance(paho_thread, threading.Thread):
+            conn.thread = paho_thread
             name_os_thread(paho_thread)
         deadline = time.monotonic() + CONNECT_TIMEOUT_S
         while not conn.connected and not conn.closed and not self._halt.is_set():
@@ -387,7 +414,7 @@ class Publisher(Supervised):
                 self._wake.wait(min(left, 0.05))
         client.disconnect()  # also ends a half-open attempt (no CONNACK)
         if conn.looping:
-            client.loop_stop()  # joins paho's network thread
+            stop_network_thread(client, conn.thread)
         sock = client.socket()
         if sock is not None:
             sock.close()
