@@ -29,6 +29,7 @@ from edged.ops.systemd import notify, watchdog_interval
 from edged.pipeline.frametap import FrameTap
 from edged.pipeline.model import Model, load_pipeline_model
 from edged.pipeline.runner import PipelineRunner
+from edged.pipeline.settings import PipelineConfig
 from edged.pipeline.worker import ResultHook
 from edged.store.spool import Spool
 from edged.uplink.publisher import Publisher, topic_for
@@ -149,6 +150,13 @@ class Daemon:
             if (pipeline is None or runner.name == pipeline) and runner.outlet is not None:
                 return runner.name, runner.outlet.tap
         raise EdgedError(f"no running pipeline {pipeline!r}; this device has {[r.name for r in self.pipelines]}")
+
+    def pipeline_config(self, name: str) -> PipelineConfig:
+        """The running config of a pipeline."""
+        for runner in self.pipelines:
+            if runner.name == name:
+                return runner.cfg
+        raise EdgedError(f"no pipeline {name!r}")
 
     def _load_models(self) -> list[Model]:
         """Load every model, the CPU cores shared between CPU pipelines; announce TensorRT builds."""

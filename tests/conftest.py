@@ -28,6 +28,8 @@ from onnx import TensorProto, helper, numpy_helper
 from paho.mqtt.enums import CallbackAPIVersion
 from pgserver import PgServer, make_server
 
+from edged.core.signing import generate_key, load_private_key
+from edged.fleet.send import BrokerOptions, FleetClient, new_command
 from edged.model.preprocess import PreprocessSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -174,28 +176,34 @@ def subscribe() -> Iterator[Callable[..., Subscriber]]:
 # -- tiny real models --------------------------------------------------------------------------------------
 
 
-def make_tiny_model(path: Path, *, size: int = 8, classes: int = 4, with_metadata: bool = True) -> Path:
-    """A real ONNX classifier: mean colour per channel -> Gemm -> logits. Class = brightest channel (R,G,B)."""
+def make_tiny_model(
+    path: Path,
+    *,
+    size: int = 8,
+    classes: int = 4,
+    with_metadata: bool = True,
+    gain: float = 10.0,
+    order: tuple[int, int, int] = (0, 1, 2),
+    upsample: int = 0,
+) -> Path:
+    """A real ONNX classifier: mean colour per channel -> Gemm -> logits. Class = brightest channel (R,G,B).
+    Variants: `gain` scales the logits (same answers), `order` permutes the classes (wrong answers),
+    `upsample` resizes the image to that size before the mean (same answers, much slower)."""
     x = helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])
     y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, classes])
     w = np.zeros((3, classes), dtype=np.float32)
     for i in range(min(3, classes)):
-        w[i, i] = 10.0
+        w[i, order[i]] = gain
+    init = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.zeros(classes, np.float32), "B")]
     nodes = [
-        helper.make_node("GlobalAveragePool", ["image"], ["pooled"]),
+        helper.make_node("GlobalAveragePool", ["big" if upsample else "image"], ["pooled"]),
         helper.make_node("Flatten", ["pooled"], ["flat"]),
         helper.make_node("Gemm", ["flat", "W", "B"], ["logits"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "tiny",
-        [x],
-        [y],
-        initializer=[
-            numpy_helper.from_array(w, "W"),
-            numpy_helper.from_array(np.zeros(classes, np.float32), "B"),
-        ],
-    )
+    if upsample:
+        init.append(numpy_helper.from_array(np.array([1, 3, upsample, upsample], np.int64), "sizes"))
+        nodes.insert(0, helper.make_node("Resize", ["image", "", "", "sizes"], ["big"], mode="linear"))
+    graph = helper.make_graph(nodes, "tiny", [x], [y], initializer=init)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     if with_metadata:
@@ -328,6 +336,56 @@ def start_daemon() -> Iterator[Callable[[Path], DaemonProc]]:
             d.proc.communicate()
 
 
+# -- remote control: a broker, daemons with control on, a fleet client with its key ---------------------------
+
+
+@dataclass
+class Rig:
+    """A broker, a model, a way to start daemons and a fleet client with its key."""
+
+    tmp_path: Path
+    broker: Broker
+    model: Path
+    start_daemon: StartDaemon
+    fleet: FleetClient
+    key: Path
+    public: str
+
+
+@pytest.fixture
+def rig(tmp_path: Path, broker: Broker, tiny_model: Path, start_daemon: StartDaemon) -> Iterator[Rig]:
+    key = tmp_path / "fleet.key"
+    public = generate_key(key)
+    fleet = FleetClient(BrokerOptions(broker.host, broker.port), load_private_key(key))
+    yield Rig(tmp_path, broker, tiny_model, start_daemon, fleet, key, public)
+    fleet.close()
+
+
+def control_daemon(
+    rig: Rig, name: str = "d", groups: tuple[str, ...] = (), *, wait: bool = True, **control: Any
+) -> tuple[DaemonProc, dict[str, Any], Path]:
+    """A daemon on a looping 20 fps video with `control:` on (plus `control` keys), connected unless not `wait`."""
+    home = rig.tmp_path / name
+    home.mkdir()
+    video = make_video(home / "v.mp4", 20)
+    cfg = base_config(home, rig.model, str(video), broker=rig.broker, fps=20, loop=True, stop_at_end=False)
+    cfg["control"] = {"public_keys": [rig.public], "groups": list(groups), **control}
+    path = write_config(home / "edged.yaml", cfg)
+    daemon = rig.start_daemon(path)
+    if wait:
+        wait_connected(daemon)
+    return daemon, cfg, path
+
+
+def wait_connected(daemon: DaemonProc) -> None:
+    wait_for(lambda: (daemon.status() or {}).get("mqtt", {}).get("connected"), 90, "the daemon connected")
+
+
+def ask(fleet: FleetClient, cmd: str, target: str, args: dict[str, Any] | None = None, *,
+        expect: int = 1, timeout: float = 60) -> dict[str, dict[str, Any]]:  # fmt: skip
+    return fleet.wait(fleet.send(new_command(cmd, target, args)), expect=expect, timeout=timeout)
+
+
 # -- PostgreSQL (Debian's package; skipped with the reason when it is not installed) ---------------------
 
 
@@ -355,7 +413,17 @@ def pg_url(pg_server: PgServer) -> str:
 
 # a test that starts a broker or a daemon process is an integration test by definition; the others that
 # take long (a whole pipeline in-process, quantization) carry the marker themselves
-INTEGRATION_FIXTURES = {"broker", "own_broker", "subscribe", "start_daemon", "tls_broker", "pki", "pg_server", "pg_url"}
+INTEGRATION_FIXTURES = {
+    "rig",
+    "broker",
+    "own_broker",
+    "subscribe",
+    "start_daemon",
+    "tls_broker",
+    "pki",
+    "pg_server",
+    "pg_url",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

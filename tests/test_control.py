@@ -6,60 +6,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import paho.mqtt.client as paho
 import pytest
-from conftest import Broker, DaemonProc, StartDaemon, Subscribe, base_config, make_video, wait_for, write_config
+from conftest import Rig, Subscribe, ask, control_daemon, wait_for
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edged.core.signing import generate_key, load_private_key, sign
-from edged.fleet.send import BrokerOptions, FleetClient, command_topic, new_command
+from edged.fleet.send import command_topic, new_command
 
 pytestmark = pytest.mark.integration
-
-
-@dataclass
-class Rig:
-    """A broker, a model, a way to start daemons and a fleet client with its key."""
-
-    tmp_path: Path
-    broker: Broker
-    model: Path
-    start_daemon: StartDaemon
-    fleet: FleetClient
-    key: Path
-    public: str
-
-
-@pytest.fixture
-def rig(tmp_path: Path, broker: Broker, tiny_model: Path, start_daemon: StartDaemon) -> Iterator[Rig]:
-    key = tmp_path / "fleet.key"
-    public = generate_key(key)
-    fleet = FleetClient(BrokerOptions(broker.host, broker.port), load_private_key(key))
-    yield Rig(tmp_path, broker, tiny_model, start_daemon, fleet, key, public)
-    fleet.close()
-
-
-def control_daemon(rig: Rig, name: str = "d", groups: tuple[str, ...] = ()) -> tuple[DaemonProc, dict[str, Any], Path]:
-    home = rig.tmp_path / name
-    home.mkdir()
-    video = make_video(home / "v.mp4", 20)
-    cfg = base_config(home, rig.model, str(video), broker=rig.broker, fps=20, loop=True, stop_at_end=False)
-    cfg["control"] = {"public_keys": [rig.public], "groups": list(groups)}
-    path = write_config(home / "edged.yaml", cfg)
-    daemon = rig.start_daemon(path)
-    wait_for(lambda: (daemon.status() or {}).get("mqtt", {}).get("connected"), 60, "the daemon connected")
-    return daemon, cfg, path
-
-
-def ask(fleet: FleetClient, cmd: str, target: str, args: dict[str, Any] | None = None,
-        expect: int = 1) -> dict[str, dict[str, Any]]:  # fmt: skip
-    return fleet.wait(fleet.send(new_command(cmd, target, args)), expect=expect, timeout=60)
 
 
 def test_status_answers_on_the_response_topic_and_the_state_is_retained(rig: Rig, subscribe: Subscribe) -> None:

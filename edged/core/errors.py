@@ -50,6 +50,7 @@ class IngestError(EdgedError):
 class CommandError(EdgedError):
     """A remote command is refused: unsigned, wrongly signed, replayed, stale, too large or malformed."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, detail: object = None) -> None:
         self.reason = reason  # a short key the counters use: "unsigned", "bad_signature", "replayed", ...
+        self.detail = detail  # what the answer carries besides the message (a rollout's check report)
         super().__init__(message)

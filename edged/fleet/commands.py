@@ -10,6 +10,7 @@ import socket
 import sys
 import threading
 from types import FrameType
+from typing import Any
 
 from rich.console import Console
 
@@ -18,6 +19,7 @@ from edged.core.signing import generate_key, load_private_key
 from edged.fleet.ingest import Ingest, IngestOptions
 from edged.fleet.ingestdb import Database, open_database
 from edged.fleet.report import build_report, render_report
+from edged.fleet.rollout import RolloutPlan, run_rollout
 from edged.fleet.send import BrokerOptions, FleetClient, new_command
 
 log = logging.getLogger(__name__)
@@ -78,21 +80,18 @@ def _run(opts: IngestOptions, db: Database) -> int:
 
 
 def run_fleet_command(args: argparse.Namespace) -> int:
-    """`edged fleet keygen|send`."""
+    """`edged fleet keygen|send|rollout`."""
     if args.fleet_command == "keygen":
         public = generate_key(args.key)
         sys.stdout.write(f"wrote {args.key} (keep it private). Put this in each device's config:\n"
                          f"control:\n  public_keys: [\"{public}\"]\n")  # fmt: skip
         return 0
-    try:
-        command_args = json.loads(args.args) if args.args else {}
-    except ValueError as exc:
-        raise EdgedError(f"--args is not JSON: {exc}") from exc
-    if not isinstance(command_args, dict):
-        raise EdgedError("--args must be a JSON object")
-    target = args.device or f"group:{args.group}"
     broker = BrokerOptions(args.host, args.port, args.ca_file, args.cert_file, args.key_file_tls, args.username,
                            args.password_file)  # fmt: skip
+    if args.fleet_command == "rollout":
+        return _rollout(args, broker)
+    command_args = _json_object(args.args, "--args")
+    target = args.device or f"group:{args.group}"
     fleet = FleetClient(broker, load_private_key(args.key))
     try:
         replies = fleet.send(new_command(args.cmd, target, command_args))
@@ -103,3 +102,37 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     sys.stdout.write(json.dumps(answers, indent=2, default=str) + "\n")
     ok = bool(answers) and all(a.get("ok") for a in answers.values())
     return 0 if ok and len(answers) >= min(expect, len(answers) or 1) else 1
+
+
+def _json_object(text: str | None, flag: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError as exc:
+        raise EdgedError(f"{flag} is not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise EdgedError(f"{flag} must be a JSON object")
+    return value
+
+
+def _rollout(args: argparse.Namespace, broker: BrokerOptions) -> int:
+    device_args: dict[str, Any] = {"watch_s": args.watch, "min_fps_ratio": args.min_fps_ratio,
+                                   "max_slowdown": args.max_slowdown, "frames": args.frames}  # fmt: skip
+    if args.gates:
+        device_args["gates"] = _json_object(args.gates, "--gates")
+    plan = RolloutPlan(model=args.model, group=args.group, devices=args.device or [], canary=args.canary,
+                       pipeline=args.pipeline, via=args.via, url=args.url, serve=args.serve,
+                       device_args=device_args, wait_s=args.wait)  # fmt: skip
+    console = Console(stderr=args.json)
+    fleet = FleetClient(broker, load_private_key(args.key))
+    try:
+        result = run_rollout(fleet, plan, lambda line: console.print(line, markup=False, highlight=False))
+    finally:
+        fleet.close()
+    if args.json:
+        sys.stdout.write(json.dumps(result.as_dict(), indent=2, default=str) + "\n")
+    else:
+        kept = sum(1 for a in result.answers.values() if a.get("ok"))
+        total = len(result.canary) + len(result.rest)
+        console.print(f"{kept} of {total} device(s) run {result.sha256[:16]}..."
+                      + (f"; {result.stopped}" if result.stopped else ""), markup=False)  # fmt: skip
+    return 0 if result.ok else 1

@@ -12,6 +12,7 @@ import ssl
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from edged.core.secrets import read_secret
 from edged.core.signing import sign
 
 REPLY_PREFIX = "edged/fleet/replies"
+Listener = Callable[[str, dict[str, Any]], None]
 
 
 def new_command(
@@ -74,6 +76,7 @@ class FleetClient:
         self.client_id = f"edged-fleet-{uuid.uuid4().hex[:8]}"
         self.reply_topic = f"{REPLY_PREFIX}/{self.client_id}"
         self._replies: dict[str, Replies] = {}
+        self._listeners: list[tuple[str, Listener]] = []
         self._lock = threading.Lock()
         self._ready = threading.Event()
         client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id=self.client_id,
@@ -101,6 +104,17 @@ class FleetClient:
             self.close()
             raise EdgedError(f"no answer from the broker at {broker.host}:{broker.port}")
 
+    def listen(self, topic_filter: str, listener: Listener, timeout: float = 15.0) -> None:
+        """Subscribe and call `listener(topic, body)` for each JSON object on it (paho's thread); returns
+        once the broker granted the subscription, so retained messages follow."""
+        granted = threading.Event()
+        with self._lock:
+            self._listeners.append((topic_filter, listener))
+        self.client.on_subscribe = lambda *_: granted.set()
+        self.client.subscribe(topic_filter, qos=1)
+        if not granted.wait(timeout):
+            raise EdgedError(f"the broker did not grant the subscription to {topic_filter}")
+
     def _on_message(self, _c: paho.Client, _u: Any, msg: paho.MQTTMessage) -> None:
         try:
             body = json.loads(msg.payload)
@@ -109,7 +123,10 @@ class FleetClient:
         if not isinstance(body, dict):
             return
         with self._lock:
-            replies = self._replies.get(str(body.get("id")))
+            listeners = [fn for f, fn in self._listeners if paho.topic_matches_sub(f, msg.topic)]
+            replies = self._replies.get(str(body.get("id"))) if msg.topic == self.reply_topic else None
+        for listener in listeners:
+            listener(msg.topic, body)
         if replies is None:
             return
         with replies.arrived:

@@ -25,8 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from edged import __version__
 from edged.core.errors import CommandError, EdgedError
 from edged.core.threads import Supervised
+from edged.ops.modelfetch import MQTT_PREFIX, ChunkCollector, write_chunks
 from edged.ops.remoteconfig import apply_remote_config
+from edged.ops.rollout import Rollout
+from edged.ops.rolloutspec import ModelArgs
 from edged.pipeline.frametap import FrameTap, save_frames
+from edged.pipeline.settings import PipelineConfig
 from edged.uplink.commandgate import Command, CommandGate
 from edged.uplink.controlsettings import ControlConfig
 from edged.uplink.mqttclient import topic_for
@@ -35,6 +39,9 @@ from edged.uplink.sidechannel import SideMessage
 log = logging.getLogger(__name__)
 
 QUEUE_MAX = 16  # command messages waiting at most; beyond, they are refused as `busy`
+REFUSALS = frozenset({"bad_model_signature", "hash_mismatch", "too_large", "malformed"})  # counted as refused
+ROLLOUT_OUTCOMES = {"validation_failed": "rejected", "too_slow": "rejected", "check_failed": "rejected",
+                    "rolled_back": "rolled_back"}  # fmt: skip
 RELOAD_WAIT_S = 120.0
 Handler = Any
 
@@ -56,6 +63,10 @@ class ControlTarget(Protocol):
 
     def frame_tap(self, pipeline: str | None) -> tuple[str, FrameTap]:
         """A pipeline's frame tap (the first pipeline's for None); EdgedError for an unknown name."""
+        ...
+
+    def pipeline_config(self, name: str) -> PipelineConfig:
+        """The running config of a pipeline."""
         ...
 
 
@@ -109,11 +120,15 @@ class Controller(Supervised):
         self._busy = 0
         self._last_state: str | None = None
         self._started_sent = False
-        self._handlers: dict[str, tuple[type[_Args], Handler]] = {
+        self._stopping = threading.Event()
+        self._collector: ChunkCollector | None = None
+        self.rollouts = {"kept": 0, "rejected": 0, "rolled_back": 0}
+        self._handlers: dict[str, tuple[type[BaseModel], Handler]] = {
             "status": (NoArgs, self._status),
             "reload": (NoArgs, self._reload),
             "config": (ConfigArgs, self._config),
             "record": (RecordArgs, self._record),
+            "model": (ModelArgs, self._model),
         }
 
     # -- the control link (paho's thread and the edged-mqtt thread) --------------------------------------
@@ -123,7 +138,13 @@ class Controller(Supervised):
         return self.gate.topics()
 
     def deliver(self, topic: str, payload: bytes, response_topic: str | None, correlation: bytes | None) -> None:
-        """Queue a command message; a full queue refuses it at once (never blocks paho)."""
+        """Queue a command message; a full queue refuses it at once (never blocks paho). A rollout's model
+        chunks go straight to its collector."""
+        if topic.startswith(MQTT_PREFIX + "/"):
+            collector = self._collector
+            if collector is not None and topic.startswith(f"{MQTT_PREFIX}/{collector.sha256}/"):
+                collector.offer(topic, payload)
+            return
         try:
             self._queue.put_nowait((topic, payload, response_topic, correlation))
         except queue.Full:
@@ -136,10 +157,14 @@ class Controller(Supervised):
         if not self._started_sent:
             self._started_sent = True
             self.event("started", version=__version__)
+        collector = self._collector
+        if collector is not None and self.outbox is not None:  # a new connection: subscribe to the chunks again
+            self.outbox.send(SideMessage(f"{MQTT_PREFIX}/{collector.sha256}/#", b"", op="subscribe"))
         self.publish_state(force=True)
 
     def stop(self, timeout: float) -> None:
-        """Finish the command in progress (within `timeout`), then end."""
+        """Finish the command in progress (within `timeout`; a rollout's watch ends early), then end."""
+        self._stopping.set()
         self._queue.put(None)
         if self.is_alive():
             self.join(timeout)
@@ -167,16 +192,27 @@ class Controller(Supervised):
         try:
             ok, detail = handler(self._parse_args(command.name, command.args))
         except CommandError as exc:
-            self._answer(command, response_topic, correlation, ok=False, reason=exc.reason, detail=str(exc))
+            if exc.reason in REFUSALS:
+                self.gate.count_refusal(exc, topic)
+            self._count_rollout(command.name, exc.reason)
+            self._answer(command, response_topic, correlation, ok=False, reason=exc.reason, detail=str(exc),
+                         **({"report": exc.detail} if exc.detail is not None else {}))  # fmt: skip
         except EdgedError as exc:
             self._answer(command, response_topic, correlation, ok=False, reason="failed", detail=str(exc))
         else:
             took = round(time.monotonic() - started, 3)
+            self._count_rollout(command.name, "kept" if ok and command.name == "model" else None)
             self._answer(command, response_topic, correlation, ok=ok, reason=None if ok else "failed",
                          detail=detail, took_s=took)  # fmt: skip
         self.publish_state()
 
-    def _parse_args(self, name: str, args: dict[str, Any]) -> _Args:
+    def _count_rollout(self, name: str, reason: str | None) -> None:
+        outcome = "kept" if reason == "kept" else ROLLOUT_OUTCOMES.get(reason or "")
+        if name == "model" and outcome is not None:
+            with self._lock:
+                self.rollouts[outcome] += 1
+
+    def _parse_args(self, name: str, args: dict[str, Any]) -> BaseModel:
         model, _ = self._handlers[name]
         try:
             return model.model_validate(args)
@@ -239,6 +275,7 @@ class Controller(Supervised):
         with self._lock:
             if self._busy:
                 snap["refused"]["busy"] = snap["refused"].get("busy", 0) + self._busy
+            snap["rollouts"] = dict(self.rollouts)
         snap["topics"] = self.topics()
         return snap
 
@@ -269,3 +306,24 @@ class Controller(Supervised):
         folder.mkdir(mode=0o750, exist_ok=True)
         path = save_frames(folder / f"{name}-{time.strftime('%Y%m%dT%H%M%S')}.npz", frames)
         return True, {"path": str(path), "frames": len(frames), "complete": len(frames) >= args.frames}
+
+    def _model(self, args: ModelArgs) -> tuple[bool, Any]:
+        rollout = Rollout(args, target=self.target, public_keys=self.cfg.public_keys, state_dir=self.state_dir,
+                          max_bytes=self.cfg.model_max_bytes, event=self.event, fetch_chunks=self._fetch_chunks,
+                          stopping=self._stopping, ca_file=self.cfg.model_ca_file)  # fmt: skip
+        return rollout.run()
+
+    def _fetch_chunks(self, sha256: str, max_bytes: int, timeout: float) -> Path:
+        """A model's retained chunks through the publisher's connection (subscribed for the download only)."""
+        if self.outbox is None:
+            raise CommandError("failed", "no MQTT connection to fetch the model over")
+        collector = ChunkCollector(sha256, max_bytes)
+        topic = f"{MQTT_PREFIX}/{sha256}/#"
+        self._collector = collector
+        self.outbox.send(SideMessage(topic, b"", op="subscribe"))
+        try:
+            collector.done.wait(timeout)
+        finally:
+            self._collector = None
+            self.outbox.send(SideMessage(topic, b"", op="unsubscribe"))
+        return write_chunks(collector, self.state_dir / "models", max_bytes=max_bytes)

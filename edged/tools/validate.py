@@ -72,7 +72,7 @@ def validate_models(ref: Path, cand: Path, opts: ValidateOptions, gates: Thresho
     """Run both models on the frames and return the report; `report["passed"]` is the gate's verdict."""
     with open_model(ref, opts.ref_provider) as a, open_model(cand, opts.provider) as b:
         _check_compatible(a, b)
-        pre = _preprocessor(a, b, opts.preprocess, opts.data)
+        pre = pair_preprocessor(a, b, opts.preprocess, opts.data)
         inputs = load_inputs(opts.data, pre, a.input_shape, opts.limit)
         outs_a, outs_b = _run_both(a, b, inputs, opts.progress)
         task = output_task(tuple(np.asarray(outs_a[0][0]).shape), opts.task)
@@ -223,7 +223,7 @@ def _check_compatible(a: LoadedModel, b: LoadedModel) -> None:
         raise ToolError(f"the models take different input types: {a.input_type} vs {b.input_type}")
 
 
-def _preprocessor(a: LoadedModel, b: LoadedModel, overrides: PreprocessConfig | None, data: Path) -> Preprocessor:
+def pair_preprocessor(a: LoadedModel, b: LoadedModel, overrides: PreprocessConfig | None, data: Path) -> Preprocessor:
     """The reference's preprocessing; the candidate's when the reference cannot tell (e.g. dynamic fp32 axes)."""
     try:
         return resolve_preprocessor(overrides, a.metadata, a.input_shape, a.input_type)

@@ -97,14 +97,18 @@ class CommandGate:
             if check_args is not None:
                 check_args(command.cmd, command.args)
         except CommandError as exc:
-            with self._lock:
-                self.counters.refused[exc.reason] = self.counters.refused.get(exc.reason, 0) + 1
-                self.counters.last_refusal = f"{exc.reason}: {exc}"
-            log.warning("control: command on %s refused (%s): %s", topic, exc.reason, exc)
+            self.count_refusal(exc, topic)
             raise
         with self._lock:
             self.counters.accepted += 1
         return Command(command.cmd, command.id, command.target, command.args, response_topic, correlation)
+
+    def count_refusal(self, exc: CommandError, where: str) -> None:
+        """Count a refusal by its reason (the gate's own, or a command's: a model whose hash is wrong)."""
+        with self._lock:
+            self.counters.refused[exc.reason] = self.counters.refused.get(exc.reason, 0) + 1
+            self.counters.last_refusal = f"{exc.reason}: {exc}"
+        log.warning("control: command on %s refused (%s): %s", where, exc.reason, exc)
 
     def snapshot(self) -> dict[str, Any]:
         """The `control` entry of the status JSON."""

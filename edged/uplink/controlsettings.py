@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -11,8 +12,8 @@ from edged.core.settings import NAME_PATTERN, Strict
 from edged.core.signing import load_public_key
 from edged.uplink.settings import check_topic_template
 
-CommandName = Literal["reload", "status", "config", "record"]
-ALL_COMMANDS: tuple[CommandName, ...] = ("reload", "status", "config", "record")
+CommandName = Literal["reload", "status", "config", "record", "model"]
+ALL_COMMANDS: tuple[CommandName, ...] = ("reload", "status", "config", "record", "model")
 
 
 def _check_key(text: str) -> None:
@@ -43,6 +44,10 @@ class ControlConfig(Strict):
         "remembered this long, also across restarts, so a replay is refused.",
     )
     max_bytes: int = Field(65_536, ge=1024, le=1_048_576, description="Larger command messages are refused.")
+    model_max_bytes: int = Field(
+        512 * 2**20, ge=1024, description="A rollout's model file may be this large at most (bytes)."
+    )
+    model_ca_file: Path | None = Field(None, description="CA bundle for https:// model URLs (default: the system's).")
     cmd_topic: str = Field("edged/{device_id}/cmd", description="Commands arrive on <this>/<name>.")
     group_topic: str = Field("edged/group/{group}/cmd", description="Group commands arrive on <this>/<name>.")
     events_topic: str = Field("edged/{device_id}/events", description="Command results and lifecycle events.")

@@ -11,7 +11,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
@@ -48,6 +48,7 @@ class SideMessage:
     retain: bool = False
     qos: int = 1
     correlation: bytes | None = None  # MQTT 5 correlation data of the command this answers
+    op: Literal["publish", "subscribe", "unsubscribe"] = "publish"  # or (un)subscribe `topic` as a filter
 
 
 class SideChannel:
@@ -73,6 +74,9 @@ class SideChannel:
                 if not self._queue:
                     return
                 message = self._queue.popleft()
+            if message.op != "publish":
+                _subscription(client, message)
+                continue
             props = None
             if message.correlation is not None and mqtt5:
                 props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
@@ -81,3 +85,11 @@ class SideChannel:
                 client.publish(message.topic, message.payload, qos=message.qos, retain=message.retain, properties=props)
             except ValueError as exc:  # a reply topic paho will not send to (the requester's choice)
                 log.warning("mqtt: cannot publish to %r: %s", message.topic, exc)
+
+
+def _subscription(client: paho.Client, message: SideMessage) -> None:
+    """A temporary subscription (a rollout's model chunks) on the publisher's connection."""
+    if message.op == "subscribe":
+        client.subscribe(message.topic, qos=1)
+    else:
+        client.unsubscribe(message.topic)

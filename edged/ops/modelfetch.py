@@ -1,0 +1,150 @@
+"""Fetch a rollout's model into `<state_dir>/models/<sha256>.onnx`, checking size and hash on the way.
+
+Two ways in: an `http(s)://` URL (a file server on the local network, or the one `edged fleet rollout
+--serve` starts), or chunks over MQTT that `edged fleet rollout --via mqtt` leaves retained on
+`edged/fleet/models/<sha256>/<index>` (with `.../manifest`: size and chunk count), for brokers that allow
+large retained messages. Bytes go to a temporary file beside the target while they are hashed; only a
+file whose sha256 is the one the command named (and signed) is renamed into place. A model already there
+with that hash is used again without a download.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import ssl
+import tempfile
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+from edged.core.errors import CommandError
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1 << 16
+MQTT_PREFIX = "edged/fleet/models"
+
+
+def model_path(folder: Path, sha256: str) -> Path:
+    """Where a fetched model lives."""
+    return folder / f"{sha256}.onnx"
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_verified(folder: Path, sha256: str, max_bytes: int, fill: Callable[[IO[bytes], int], None]) -> Path:
+    """Let `fill` write into a temporary file (at most `max_bytes`), then check the hash and rename."""
+    folder.mkdir(mode=0o750, parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=folder, prefix=".fetch-", suffix=".part")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            fill(out, max_bytes)
+        got = file_sha256(tmp)
+        if got != sha256:
+            raise CommandError("hash_mismatch", f"the model fetched has sha256 {got[:16]}..., not {sha256[:16]}...")
+        tmp.chmod(0o640)
+        target = model_path(folder, sha256)
+        tmp.replace(target)
+        return target
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def fetch_url(url: str, folder: Path, sha256: str, *, max_bytes: int, timeout: float,
+              ca_file: Path | None = None) -> Path:  # fmt: skip
+    """Download over http(s); CommandError `download_failed`, `too_large` or `hash_mismatch`."""
+    existing = model_path(folder, sha256)
+    if existing.is_file() and file_sha256(existing) == sha256:
+        return existing
+    if not url.startswith(("http://", "https://")):
+        raise CommandError("malformed", f"the model URL must be http:// or https://, not {url[:40]!r}")
+    context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+
+    def fill(out: IO[bytes], limit: int) -> None:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout, context=context) as response:  # noqa: S310 (scheme checked)
+                length = response.headers.get("Content-Length")
+                if length is not None and int(length) > limit:
+                    raise CommandError("too_large", f"the model is {int(length)} bytes; the limit is {limit}")
+                total = 0
+                while block := response.read(CHUNK):
+                    total += len(block)
+                    if total > limit:
+                        raise CommandError("too_large", f"the model is over the limit of {limit} bytes")
+                    out.write(block)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise CommandError("download_failed", f"{url}: {exc}") from exc
+
+    return _write_verified(folder, sha256, max_bytes, fill)
+
+
+class ChunkCollector:
+    """The retained chunks of one model as they arrive on `<prefix>/<sha256>/<index>` (paho's thread)."""
+
+    def __init__(self, sha256: str, max_bytes: int) -> None:
+        self.sha256 = sha256
+        self.max_bytes = max_bytes
+        self.total = 0
+        self.chunks: dict[int, bytes] = {}
+        self.count: int | None = None
+        self.size: int | None = None
+        self.error: str | None = None
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+
+    def offer(self, topic: str, payload: bytes) -> None:
+        """One message of the model's topic tree."""
+        last = topic.rsplit("/", 1)[-1]
+        with self.lock:
+            if last == "manifest":
+                try:
+                    manifest = json.loads(payload)
+                    self.count, self.size = int(manifest["chunks"]), int(manifest["size"])
+                except (ValueError, KeyError, TypeError):
+                    self.error = "the model's manifest is not {chunks, size} JSON"
+            elif last.isdigit() and int(last) not in self.chunks:
+                self.total += len(payload)
+                if self.total > self.max_bytes:  # memory stays bounded whatever arrives
+                    self.error = f"the model is over the limit of {self.max_bytes} bytes"
+                    self.chunks.clear()
+                else:
+                    self.chunks[int(last)] = bytes(payload)
+            if self.error or (self.count is not None and len(self.chunks) >= self.count):
+                self.done.set()
+
+    def write(self, out: IO[bytes], limit: int) -> None:
+        """The chunks in order into `out`."""
+        with self.lock:
+            if self.error:
+                raise CommandError("too_large" if "limit" in self.error else "download_failed", self.error)
+            if self.count is None or self.size is None or len(self.chunks) < self.count:
+                have = len(self.chunks)
+                raise CommandError("download_failed", f"{have} of {self.count or '?'} chunks of the model arrived")
+            if self.size > limit:
+                raise CommandError("too_large", f"the model is {self.size} bytes; the limit is {limit}")
+            total = 0
+            for i in range(self.count):
+                block = self.chunks.get(i, b"")
+                total += len(block)
+                if total > limit:
+                    raise CommandError("too_large", f"the model is over the limit of {limit} bytes")
+                out.write(block)
+
+
+def write_chunks(collector: ChunkCollector, folder: Path, *, max_bytes: int) -> Path:
+    """The collected chunks, hash-checked, into place."""
+    return _write_verified(folder, collector.sha256, max_bytes, collector.write)
