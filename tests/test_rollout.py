@@ -281,10 +281,13 @@ def test_a_group_rollout_goes_to_the_canary_first_and_a_bad_model_never_reaches_
     rig: Rig, subscribe: Subscribe
 ) -> None:
     group = f"yard{rig.tmp_path.name[-6:]}"
-    daemons = [control_daemon(rig, f"d{i:02d}", (group,), wait=False)[:2] for i in range(GROUP_SIZE)]
+    daemons = [control_daemon(rig, f"d{i:02d}", (group,), wait=False)[:2] for i in range(GROUP_SIZE + 1)]
     for daemon, _ in daemons:
         wait_connected(daemon)
     by_id = {cfg["device_id"]: daemon for daemon, cfg in daemons}
+    gone, gone_cfg = daemons.pop()  # a member that went offline: skipped, and said so
+    assert gone.stop()[0] == 0
+    del by_id[gone_cfg["device_id"]]
     before = {dev: running_sha(d) for dev, d in by_id.items()}
     events = subscribe(rig.broker, "edged/+/events")
     lines: list[str] = []
@@ -294,6 +297,7 @@ def test_a_group_rollout_goes_to_the_canary_first_and_a_bad_model_never_reaches_
     result = run_rollout(rig.fleet, plan, lines.append)
     assert not result.ok
     assert result.canary == [min(by_id)]
+    assert result.offline == [gone_cfg["device_id"]]
     assert len(result.rest) == GROUP_SIZE - 1
     assert result.answers[result.canary[0]]["reason"] == "validation_failed", result.as_dict()
     assert sorted(result.answers) == result.canary  # the rest were never asked

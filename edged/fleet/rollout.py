@@ -59,6 +59,8 @@ class RolloutResult:
     rest: list[str]
     answers: dict[str, dict[str, Any]] = field(default_factory=dict)
     stopped: str | None = None  # why the rest did not get the model
+    offline: list[str] = field(default_factory=list)  # members of the group that were offline: not sent
+    took_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -68,7 +70,7 @@ class RolloutResult:
     def as_dict(self) -> dict[str, Any]:
         """For --json."""
         return {"sha256": self.sha256, "canary": self.canary, "rest": self.rest, "stopped": self.stopped,
-                "ok": self.ok, "answers": self.answers}  # fmt: skip
+                "offline": self.offline, "ok": self.ok, "took_s": self.took_s, "answers": self.answers}  # fmt: skip
 
 
 def canary_count(spec: str, devices: int) -> int:
@@ -81,27 +83,35 @@ def canary_count(spec: str, devices: int) -> int:
     return max(1, min(devices, n))
 
 
-def discover(fleet: FleetClient, group: str, timeout: float = 10.0) -> list[str]:
-    """The members of `group`, from the devices' retained state; sorted."""
-    found: dict[str, float] = {}
+def discover(fleet: FleetClient, group: str, timeout: float = 10.0) -> tuple[list[str], list[str]]:
+    """The members of `group` from the devices' retained state: (online, offline), each sorted. A device is
+    offline when its retained availability (`edged/<device>/status`) says so."""
+    members: dict[str, float] = {}
+    offline: set[str] = set()
     lock = threading.Condition()
 
     def on_state(_topic: str, body: dict[str, Any]) -> None:
-        if group in (body.get("groups") or []) and body.get("health") != "offline":
+        if group in (body.get("groups") or []):
             with lock:
-                found[str(body.get("device"))] = time.monotonic()
+                members[str(body.get("device"))] = time.monotonic()
                 lock.notify_all()
 
+    def on_availability(topic: str, body: dict[str, Any]) -> None:
+        device = topic.split("/")[1]
+        with lock:
+            (offline.add if body.get("text") == "offline" else offline.discard)(device)
+
     started = time.monotonic()
+    fleet.listen("edged/+/status", on_availability)
     fleet.listen("edged/+/state", on_state)
     with lock:  # retained messages come right after the grant: wait until they stop coming
         while True:
-            last = max(found.values(), default=started)
+            last = max(members.values(), default=started)
             left = min(last + DISCOVERY_QUIET_S, started + timeout) - time.monotonic()
             if left <= 0:
                 break
             lock.wait(left)
-    return sorted(found)
+        return sorted(set(members) - offline), sorted(set(members) & offline)
 
 
 @contextmanager
@@ -158,11 +168,17 @@ def run_rollout(fleet: FleetClient, plan: RolloutPlan, progress: Progress) -> Ro
     """The whole rollout (see the module docstring)."""
     data = plan.model.read_bytes()
     sha256 = hashlib.sha256(data).hexdigest()
-    devices = plan.devices or (discover(fleet, plan.group) if plan.group else [])
+    devices, offline = (
+        (discover(fleet, plan.group) if plan.group else ([], [])) if not plan.devices else (plan.devices, [])
+    )
     if not devices:
-        raise EdgedError(f"no device of group {plan.group!r} reported its state" if plan.group else "no device given")
+        raise EdgedError(f"no device of group {plan.group!r} is online" if plan.group else "no device given")
     n = canary_count(plan.canary, len(devices))
-    result = RolloutResult(sha256, devices[:n], devices[n:])
+    result = RolloutResult(sha256, devices[:n], devices[n:], offline=offline)
+    started = time.monotonic()
+    report, progress = progress, lambda line: report(f"{time.monotonic() - started:7.1f}s  {line}")
+    if offline:
+        progress(f"skipped, offline: {', '.join(offline)} (roll out to them when they are back)")
 
     def on_event(_topic: str, body: dict[str, Any]) -> None:
         name = str(body.get("event", ""))
@@ -190,6 +206,7 @@ def run_rollout(fleet: FleetClient, plan: RolloutPlan, progress: Progress) -> Ro
                 progress(f"stopped: {result.stopped}")
                 break
             progress(f"{len(phase)} device(s) kept the model")
+    result.took_s = round(time.monotonic() - started, 1)
     return result
 
 

@@ -105,8 +105,9 @@ class FleetClient:
             raise EdgedError(f"no answer from the broker at {broker.host}:{broker.port}")
 
     def listen(self, topic_filter: str, listener: Listener, timeout: float = 15.0) -> None:
-        """Subscribe and call `listener(topic, body)` for each JSON object on it (paho's thread); returns
-        once the broker granted the subscription, so retained messages follow."""
+        """Subscribe and call `listener(topic, body)` for each message on it (paho's thread): the JSON
+        object, or {"text": ...} for anything else; returns once the broker granted the subscription, so
+        retained messages follow."""
         granted = threading.Event()
         with self._lock:
             self._listeners.append((topic_filter, listener))
@@ -119,9 +120,9 @@ class FleetClient:
         try:
             body = json.loads(msg.payload)
         except ValueError:
-            return
-        if not isinstance(body, dict):
-            return
+            body = None
+        if not isinstance(body, dict):  # a listener may want plain text too (edged/<device>/status: online)
+            body = {"text": bytes(msg.payload).decode("utf-8", "replace")}
         with self._lock:
             listeners = [fn for f, fn in self._listeners if paho.topic_matches_sub(f, msg.topic)]
             replies = self._replies.get(str(body.get("id"))) if msg.topic == self.reply_topic else None

@@ -27,10 +27,9 @@ from edged.core.errors import CommandError, EdgedError
 from edged.core.threads import Supervised
 from edged.ops.modelfetch import MQTT_PREFIX, ChunkCollector, write_chunks
 from edged.ops.remoteconfig import apply_remote_config
-from edged.ops.rollout import Rollout
+from edged.ops.rollout import Rollout, RolloutTarget
 from edged.ops.rolloutspec import ModelArgs
-from edged.pipeline.frametap import FrameTap, save_frames
-from edged.pipeline.settings import PipelineConfig
+from edged.pipeline.frametap import save_frames
 from edged.uplink.commandgate import Command, CommandGate
 from edged.uplink.controlsettings import ControlConfig
 from edged.uplink.mqttclient import topic_for
@@ -46,28 +45,9 @@ RELOAD_WAIT_S = 120.0
 Handler = Any
 
 
-class ControlTarget(Protocol):
-    """What the control plane needs of the daemon."""
-
-    def snapshot(self) -> dict[str, Any]:
-        """The status JSON."""
-        ...
-
-    def reload_and_wait(self, timeout: float) -> dict[str, Any]:
-        """Reload the config file; the reload status."""
-        ...
-
-    def config_file(self) -> Path | None:
-        """The config file the daemon runs from."""
-        ...
-
-    def frame_tap(self, pipeline: str | None) -> tuple[str, FrameTap]:
-        """A pipeline's frame tap (the first pipeline's for None); EdgedError for an unknown name."""
-        ...
-
-    def pipeline_config(self, name: str) -> PipelineConfig:
-        """The running config of a pipeline."""
-        ...
+class ControlTarget(RolloutTarget, Protocol):
+    """What the control plane needs of the daemon: what a rollout needs (status, reload, config file,
+    frame taps, pipeline configs) is all of it."""
 
 
 class Outbox(Protocol):
@@ -298,10 +278,7 @@ class Controller(Supervised):
 
     def _record(self, args: RecordArgs) -> tuple[bool, Any]:
         name, tap = self.target.frame_tap(args.pipeline)
-        tap.arm(args.frames, args.every)
-        frames = tap.wait(args.timeout_s)
-        if not frames:
-            raise CommandError("failed", f"pipeline {name} gave no frame within {args.timeout_s:g} s")
+        frames = tap.record(args.frames, args.every, args.timeout_s, name)
         folder = self.state_dir / "records"
         folder.mkdir(mode=0o750, exist_ok=True)
         path = save_frames(folder / f"{name}-{time.strftime('%Y%m%dT%H%M%S')}.npz", frames)

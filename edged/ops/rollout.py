@@ -149,10 +149,7 @@ class Rollout:
 
     def _check(self, current: Path, candidate: Path, tap: FrameTap) -> dict[str, Any]:
         a = self.args
-        tap.arm(a.frames)
-        frames = tap.wait(a.frames_timeout_s)
-        if not frames:
-            raise CommandError("failed", f"pipeline {self.pipeline} gave no frame within {a.frames_timeout_s:g} s")
+        frames = tap.record(a.frames, 1, a.frames_timeout_s, self.pipeline)
         self.work.mkdir(mode=0o750, parents=True, exist_ok=True)
         data = save_frames(self.work / f"{a.sha256}.npz", frames)
         spec_file = self.work / f"{a.sha256}.json"

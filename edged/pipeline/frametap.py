@@ -66,6 +66,14 @@ class FrameTap:
             kept, self._kept = self._kept, []
             return kept
 
+    def record(self, frames: int, every: int, timeout: float, pipeline: str) -> list[npt.NDArray[np.uint8]]:
+        """Arm, wait, and return what came (EdgedError when not one frame did within `timeout`)."""
+        self.arm(frames, every)
+        kept = self.wait(timeout)
+        if not kept:
+            raise EdgedError(f"pipeline {pipeline} gave no frame within {timeout:g} s")
+        return kept
+
 
 def save_frames(path: Path, frames: list[npt.NDArray[np.uint8]] | npt.NDArray[np.uint8]) -> Path:
     """Save raw BGR frames as a `.npz` set that `--calib`/`--data` read back."""
