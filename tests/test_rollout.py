@@ -231,6 +231,9 @@ def test_a_regression_in_the_watch_rolls_back_to_the_previous_model(
     assert steps[-2:] == ["model_swapped", "model_rolled_back"]
     status = daemon.status() or {}
     assert status["control"]["rollouts"]["rolled_back"] == 1
+    shown = subprocess.run([sys.executable, "-m", "edged", "status", "--socket", str(daemon.socket)],
+                           capture_output=True, text=True, timeout=60, check=False).stdout  # fmt: skip
+    assert "rollouts: 1 rolled_back" in shown
     # aftermath: results still flow from the previous model, and a rollout that holds is kept
     frames = status["pipelines"][0]["frames"]
     wait_for(lambda: (daemon.status() or {})["pipelines"][0]["frames"] > frames, 30, "frames after the rollback")

@@ -116,7 +116,10 @@ def build_view(snapshot: dict[str, Any]) -> Group:
     control = snapshot.get("control")
     if control:
         refused = ", ".join(f"{n} {why}" for why, n in sorted(control.get("refused", {}).items())) or "none"
-        parts.append(Text(f"control: {control.get('accepted', 0)} commands taken; refused: {refused}"))
+        rollouts = control.get("rollouts") or {}
+        rolled = ", ".join(f"{n} {what}" for what, n in rollouts.items() if n)
+        parts.append(Text(f"control: {control.get('accepted', 0)} commands taken; refused: {refused}"
+                          + (f"; rollouts: {rolled}" if rolled else "")))  # fmt: skip
     return Group(*parts)
 
 
