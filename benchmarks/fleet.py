@@ -50,6 +50,9 @@ ASSETS = REPO_ROOT / "edged" / "assets"
 sys.path.insert(0, str(REPO_ROOT / "tests"))  # the PostgreSQL server helper the tests use
 
 
+SIMS_PER_PROCESS = 100
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -330,7 +333,9 @@ class FleetRun:
         args = self.args
         self.broker.start()
         self.ingest = start_ingest(self.broker.port, self.db, "ingest-fleet", self.log)
-        per = -(-args.sim // args.procs)
+        # paho polls with select(): descriptors past 1023 break it. A simulated device holds about six
+        # (spool database, WAL, shared memory; socket; paho's socket pair), so at most 100 per process.
+        per = min(-(-args.sim // args.procs), SIMS_PER_PROCESS)
         for first in range(0, args.sim, per):
             sim_dir = self.workdir / f"sims{first}"
             sim_dir.mkdir()
@@ -429,7 +434,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sim", type=int, default=1000, help="simulated devices (edged's spool and publisher)")
     ap.add_argument("--real", type=int, default=20, help="real edged daemons")
-    ap.add_argument("--procs", type=int, default=4, help="worker processes for the simulated devices")
+    ap.add_argument("--procs", type=int, default=4, help="worker processes for simulated devices (1+ per 100)")
     ap.add_argument("--rate", type=float, default=0.5, help="results/s per simulated device")
     ap.add_argument("--duration", type=float, default=90.0, help="seconds of load")
     ap.add_argument("--restarts", type=int, default=2, help="broker restarts under load")

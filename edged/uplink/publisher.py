@@ -418,6 +418,11 @@ class Publisher(Supervised):
         sock = client.socket()
         if sock is not None:
             sock.close()
+        # The callbacks close over `conn`, which holds the client: a cycle that keeps paho's socket pair
+        # (two descriptors per connection) open until the cyclic collector runs. paho polls with select(),
+        # which fails for descriptors past 1023, so a process with many connections that reconnects often
+        # must not let them pile up: break the cycle and the client goes (and closes them) at once.
+        client.on_connect = client.on_disconnect = client.on_publish = client.on_message = None
         with self.stats.lock:
             self.stats.connected = False
         self._flush_acks()  # acks that came in before the connection closed still count
