@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import itertools
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
 
+import cv2
 import numpy as np
 import numpy.typing as npt
 import pytest
+from conftest import base_config
 
 from edged.capture.motion import MotionConfig, MotionGate
+from edged.config import config_from_dict
+from edged.core.errors import ConfigError
 from edged.core.geometry import Polygon, polygon_problem, reference_point
+from edged.daemon import Daemon
 
 W, H = 320, 240
 
@@ -90,3 +99,63 @@ def test_a_lighting_change_sends_one_frame_and_resets_the_background() -> None:
     gate.wanted(scene(rng), 0.0)
     assert gate.wanted(scene(rng, brightness=200), 0.1)  # everything changed: once to the model
     assert not any(gate.wanted(scene(rng, brightness=200), 0.2 + 0.1 * i) for i in range(5))
+
+
+SENSOR = {"type": "sensor", "transport": "fifo", "path": "/tmp/x.fifo", "format": "csv", "channels": ["x"], "window": 4}
+
+
+def moving_square_video(path: Path, frames: int, moving: range) -> Path:
+    """MJPG 160x120: a still textured scene; a dark square crosses it during the `moving` frames."""
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), 20.0, (160, 120))
+    assert writer.isOpened()
+    rng = np.random.default_rng(5)
+    still = rng.integers(90, 160, size=(120, 160, 3), dtype=np.uint8)
+    for i in range(frames):
+        image = still.copy()
+        if i in moving:
+            x = 5 + 6 * (i - moving.start)
+            image[40:70, x : x + 30] = 10
+        writer.write(image)
+    writer.release()
+    return path
+
+
+def test_a_pipeline_with_motion_gating_runs_the_model_on_the_moving_frames_only(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    video = moving_square_video(tmp_path / "v.avi", 60, range(20, 40))
+    cfg = base_config(tmp_path, tiny_model, str(video))
+    cfg["pipelines"][0]["motion"] = {"enabled": True, "hold_frames": 2, "keepalive_s": 0}
+    daemon = Daemon(config_from_dict(cfg))
+    daemon.start()
+    daemon.wait()  # the file ends (stop_at_end)
+    status = daemon.pipelines[0].stats.snapshot()
+    daemon.stop()
+    with sqlite3.connect(tmp_path / "state" / "spool.db") as conn:
+        frames = [json.loads(p)["frame"] for (p,) in conn.execute("SELECT payload FROM results ORDER BY id")]
+    assert frames[0] == 0  # the first frame sets up the background and is run
+    assert set(range(21, 40)) <= set(frames)  # every frame with the square moving
+    assert len(frames) <= 1 + 20 + 2 + 2  # first, the moving ones, the hold frames after it (and its exit)
+    assert status["motion_skipped"] == 60 - len(frames)
+    assert status["frames"] == len(frames)
+    assert status["state"] == "ended"
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "message"),
+    [
+        ({"motion": {"enabled": True}, "source": SENSOR}, "motion gating needs images"),
+        ({"motion": {"mask": [[[0, 0], [700, 0], [0, 10]]]}, "frame_size": [640, 480]}, "outside the 640x480"),
+        ({"motion": {"mask": [[[0, 0], [70, 0], [0, 10]]]}}, "need the frame size"),
+        ({"motion": {"mask": [[[0, 0], [1, 1], [1, 0], [0, 0.5]]]}}, "crosses itself"),
+    ],
+)
+def test_bad_motion_settings_are_config_errors(
+    tmp_path: Path, tiny_model: Path, pipeline: dict[str, Any], message: str
+) -> None:
+    cfg = base_config(tmp_path, tiny_model, "x.mp4")
+    cfg["pipelines"][0].update(pipeline)
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(cfg)
+    assert message in str(err.value)
+    assert "pipelines[0].motion" in str(err.value)

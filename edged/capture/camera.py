@@ -16,6 +16,7 @@ import numpy.typing as npt
 from pydantic import Field, model_validator
 
 from edged.capture.base import SOURCES, Frame, FrameSlot, Preparer, Source
+from edged.capture.motion import MotionGate
 from edged.core.backoff import Backoff
 from edged.core.settings import Strict, check_order
 from edged.core.stats import PipelineStats
@@ -117,9 +118,11 @@ class CameraSource(Source):
         name: str = "edged-source",
         capture_factory: CaptureFactory = open_capture,
         prepare: Preparer | None = None,
+        motion: MotionGate | None = None,
     ) -> None:
         super().__init__(name)
         self.cfg = cfg
+        self.motion = motion  # None: every frame goes to the model
         self.slot = slot
         self.stats = stats
         self.kind = source_kind(cfg.uri)
@@ -214,6 +217,9 @@ class CameraSource(Source):
                 if self.kind == "file" and now < next_due:
                     self._halt.wait(next_due - now)
                 next_due = max(next_due + interval, time.monotonic() - interval)
+            if self.motion is not None and not self.motion.wanted(image, time.monotonic()):
+                self.stats.count_motion_skip()  # a still scene: the model does not run
+                continue
             dropped = self.slot.put(self._frame(np.asarray(image), index))
             self.stats.count_capture(dropped)
         return "stopped", frames

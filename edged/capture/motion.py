@@ -43,8 +43,8 @@ class MotionConfig(Strict):
     )
     mask: list[Points] = Field(
         default_factory=list,
-        description="Polygons where motion is ignored (detections there still count; the pipeline's `masks` "
-        "remove both). Points in frame pixels or fractions 0..1.",
+        description="Polygons where motion is ignored (a tree in the wind, a road beyond the fence). Points in "
+        "frame pixels or fractions 0..1.",
     )
 
     @field_validator("mask")

@@ -37,6 +37,7 @@ class PipelineStats:
     frames_captured: int = 0
     frames: int = 0  # frames that produced a result (published or not)
     suppressed: int = 0  # results the `publish` filter held back (not stored, no seq)
+    motion_skipped: int = 0  # frames the motion gate kept from the model (no motion): not drops
     dropped_frames: int = 0
     reconnects: int = 0
     malformed: int = 0  # input lines/records a sensor source could not read and skipped
@@ -109,6 +110,14 @@ class PipelineStats:
                 return False
             return time.monotonic() - self.progress_mono > stall_s
 
+    def count_motion_skip(self) -> None:
+        """A frame showed no motion and did not go to the model: counted, and a sign of life (a still
+        scene is not a stalled pipeline)."""
+        with self.lock:
+            self.frames_captured += 1
+            self.motion_skipped += 1
+            self.progress_mono = time.monotonic()
+
     def count_suppressed(self) -> None:
         """A result was held back by the pipeline's `publish` filter."""
         with self.lock:
@@ -136,6 +145,7 @@ class PipelineStats:
                 "fps": fps,
                 "frames": self.frames,
                 "suppressed": self.suppressed,
+                "motion_skipped": self.motion_skipped,
                 "frames_captured": self.frames_captured,
                 "dropped_frames": self.dropped_frames,
                 "reconnects": self.reconnects,

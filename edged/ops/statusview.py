@@ -58,6 +58,7 @@ def _pipelines(snapshot: dict[str, Any]) -> list[Any]:
         line += f"\n    capture->PUBACK {_ms(e2e)} ms" if e2e and e2e.get("p50") else ""
         line += f"  malformed {p['malformed']}" if p.get("malformed") else ""  # sensor input it had to skip
         line += f"  suppressed {p['suppressed']} (publish filter)" if p.get("suppressed") else ""
+        line += f"  no motion {p['motion_skipped']} (frames not run)" if p.get("motion_skipped") else ""
         line += f"  [yellow]{p['error']}[/]" if p.get("error") else ""
         lines.append(Text.from_markup(line))
     return lines

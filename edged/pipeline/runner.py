@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from edged.capture.base import FrameSlot, Source, make_source
+from edged.capture.motion import MotionGate
 from edged.capture.sensor import SensorSourceConfig
 from edged.core.errors import EdgedError
 from edged.core.stats import PipelineStats
 from edged.pipeline.model import Model, ModelRef, describe_model, prepare_model
 from edged.pipeline.publish import make_filter
-from edged.pipeline.settings import PipelineConfig
+from edged.pipeline.settings import PipelineConfig, declared_frame
 from edged.pipeline.snapshots import Snapshots
 from edged.pipeline.worker import InferenceWorker, Outlet, ResultHook, ResultSink, Turnstile
 
@@ -102,13 +103,11 @@ class PipelineRunner:
 
     def _make_source(self, cfg: PipelineConfig) -> Source:
         """The source, preparing the model input with the current model (its Preparer is the ModelRef)."""
+        extra = dict(self.source_kwargs)
+        if cfg.motion.enabled:  # camera sources only (checked with the config)
+            extra["motion"] = MotionGate(cfg.motion, cfg.motion.mask, declared_frame(cfg.frame_size, cfg.source))
         source = make_source(
-            cfg.source,
-            slot=self.slot,
-            stats=self.stats,
-            name=f"edged-source-{cfg.name}",
-            prepare=self.ref,
-            **self.source_kwargs,
+            cfg.source, slot=self.slot, stats=self.stats, name=f"edged-source-{cfg.name}", prepare=self.ref, **extra
         )
         source.on_death = self._source_died
         return source
@@ -150,7 +149,7 @@ class PipelineRunner:
                 new = new.model_copy(
                     update={"model": old.model, "preprocess": old.preprocess, "postprocess": old.postprocess}
                 )
-        if new.source != old.source:
+        if (new.source, new.motion, new.frame_size) != (old.source, old.motion, old.frame_size):
             self._restart_source(new)
             notes.append(f"pipeline {new.name}: source restarted on {new.source.uri}")
         if (new.publish, new.snapshot) != (old.publish, old.snapshot):
