@@ -12,7 +12,8 @@
   and compares their speed;
 - the swap is a config change (the pipeline's `model.path`) applied by a reload, as an operator's edit is;
 - the watch: for `watch_s`, the pipeline must not fail, and the best rate it reaches must be at least
-  `min_fps_ratio` of the rate before the swap; else the previous model goes back the same way.
+  `min_fps_ratio` of the rate before the swap (not on a motion-gated pipeline, whose rate follows the
+  scene); else the previous model goes back the same way.
 
 Every step is an event on `edged/{device_id}/events` (model_fetching, model_fetched, model_validating,
 model_rejected, model_swapped, model_rolled_back, model_kept), each with the command's id.
@@ -115,7 +116,10 @@ class Rollout:
         report = self._check(current, candidate, tap)
         raw_path = _raw_model_path(config, self.pipeline)
         self._swap(config, str(candidate), before)
-        regression = self._watch(float(before.get("fps") or 0.0))
+        # a motion-gated pipeline's rate follows the scene, not the model: there the watch looks at failures
+        # only (the check before the swap already compared the speed on the same frames)
+        gated = self.target.pipeline_config(self.pipeline).motion.enabled
+        regression = self._watch(0.0 if gated else float(before.get("fps") or 0.0))
         if regression is not None:
             self._swap(config, raw_path, None)
             self.step("model_rolled_back", reason=regression)
