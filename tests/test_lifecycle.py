@@ -311,7 +311,12 @@ def test_watch_refreshes_until_interrupted(tmp_path: Path) -> None:
         # SIGINT only once it is refreshing (imports and the first render take a while under load)
         wait_for(lambda: calls["n"] >= 3, 30, "three refreshes")
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=10)
+        try:
+            out, err = proc.communicate(timeout=30)  # a loaded machine: once it took over 10 s to end
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"edged status --watch did not end after SIGINT; stderr: {err[-2000:]}")
     finally:
         server.stop()
     assert proc.returncode == 0, err
