@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,10 @@ def watch(path: Path, interval: float, *, color: bool | None = None) -> int:
     """Refresh in place until Ctrl-C; the exit code is the last state's (2 when the daemon went away)."""
     console = Console(no_color=color is False, highlight=False)
     code = EXIT_NOT_RUNNING
+    # A shell starts background jobs with SIGINT ignored and Python then leaves it ignored: take Ctrl-C back, and
+    # end on SIGTERM the same way, so the watch always stops when asked.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with Live(Text("connecting..."), console=console, auto_refresh=False) as live:
         try:
             while True:
