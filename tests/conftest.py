@@ -378,7 +378,14 @@ def control_daemon(
 
 
 def wait_connected(daemon: DaemonProc) -> None:
-    wait_for(lambda: (daemon.status() or {}).get("mqtt", {}).get("connected"), 90, "the daemon connected")
+    """Connected, and with `control:` on, subscribed to its commands (a command sent before is not queued)."""
+
+    def ready() -> bool:
+        status = daemon.status() or {}
+        control = status.get("control")
+        return bool(status.get("mqtt", {}).get("connected")) and (control is None or control.get("listening"))
+
+    wait_for(ready, 90, "the daemon connected")
 
 
 def ask(fleet: FleetClient, cmd: str, target: str, args: dict[str, Any] | None = None, *,

@@ -100,6 +100,7 @@ class Controller(Supervised):
         self._busy = 0
         self._last_state: str | None = None
         self._started_sent = False
+        self._listening = False  # the broker granted the command subscriptions on the current connection
         self._stopping = threading.Event()
         self._collector: ChunkCollector | None = None
         self.rollouts = {"kept": 0, "rejected": 0, "rolled_back": 0}
@@ -131,6 +132,11 @@ class Controller(Supervised):
             with self._lock:
                 self._busy += 1
             log.warning("control: %d commands wait already; one on %s refused (busy)", QUEUE_MAX, topic)
+
+    def listening(self, on: bool) -> None:
+        """Commands can arrive (the broker granted the subscriptions), or not (the connection is gone)."""
+        with self._lock:
+            self._listening = on
 
     def connected(self) -> None:
         """A connection is up: the retained state again, and `started` once."""
@@ -256,6 +262,7 @@ class Controller(Supervised):
             if self._busy:
                 snap["refused"]["busy"] = snap["refused"].get("busy", 0) + self._busy
             snap["rollouts"] = dict(self.rollouts)
+            snap["listening"] = self._listening
         snap["topics"] = self.topics()
         return snap
 

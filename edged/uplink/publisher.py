@@ -68,6 +68,7 @@ class _Conn:
     thread: threading.Thread | None = None  # that thread
     since: float = 0.0
     blamed: bool = False  # it dropped over a message (refused, counted): reconnect without escalating
+    command_mid: int | None = None  # the SUBSCRIBE of the command topics, until the broker grants it
 
 
 def stop_network_thread(client: paho.Client, thread: threading.Thread | None, timeout: float = 10.0) -> None:
@@ -192,6 +193,7 @@ class Publisher(Supervised):
         client.on_disconnect = lambda _c, _u, _f, rc, _p: self._on_disconnect(conn, rc)
         client.on_publish = lambda _c, _u, mid, rc, _p: self._on_publish(mid, rc)
         client.on_message = lambda _c, _u, msg: self._on_message(msg)
+        client.on_subscribe = lambda _c, _u, mid, _rc, _p: self._on_subscribe(conn, mid)
         try:
             client.connect(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive_s)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: no plaintext fallback, ever
@@ -225,7 +227,7 @@ class Publisher(Supervised):
         self._next_stats = 0.0
         conn.client.publish(self.availability_topic, "online", qos=1, retain=True)
         if self.control is not None:
-            conn.client.subscribe([(t, 1) for t in self.control.topics()])
+            _, conn.command_mid = conn.client.subscribe([(t, 1) for t in self.control.topics()])
             self.control.connected()
         while conn.connected:
             self._wake.clear()  # before the work: a wake-up during it is not lost
@@ -351,7 +353,13 @@ class Publisher(Supervised):
             self.stats.connected_mono = time.monotonic()
         self._wake.set()
 
+    def _on_subscribe(self, conn: _Conn, mid: int) -> None:
+        if self.control is not None and mid == conn.command_mid:
+            self.control.listening(True)  # status tells when commands can arrive
+
     def _on_disconnect(self, conn: _Conn, reason: Any) -> None:
+        if self.control is not None:
+            self.control.listening(False)
         was = conn.connected
         conn.connected = False
         conn.closed = True
@@ -422,7 +430,7 @@ class Publisher(Supervised):
         # (two descriptors per connection) open until the cyclic collector runs. paho polls with select(),
         # which fails for descriptors past 1023, so a process with many connections that reconnects often
         # must not let them pile up: break the cycle and the client goes (and closes them) at once.
-        client.on_connect = client.on_disconnect = client.on_publish = client.on_message = None
+        client.on_connect = client.on_disconnect = client.on_publish = client.on_message = client.on_subscribe = None
         with self.stats.lock:
             self.stats.connected = False
         self._flush_acks()  # acks that came in before the connection closed still count

@@ -38,6 +38,10 @@ class ControlLink(Protocol):
         """A connection is up (the retained state goes again)."""
         ...
 
+    def listening(self, on: bool) -> None:
+        """The broker granted the command subscriptions (True), or the connection they were on is gone."""
+        ...
+
 
 @dataclass(frozen=True)
 class SideMessage:
