@@ -76,6 +76,7 @@ class Daemon:
                 state_dir=config.state_dir,
                 device_id=config.device_id,
                 topic=topic_for(config.mqtt.topic, config.device_id, p.name),
+                events_topic=topic_for(config.mqtt.events_topic, config.device_id, p.name),
                 on_result=on_result,
                 on_worker_exit=self._poke,
                 source_kwargs=source_kwargs,

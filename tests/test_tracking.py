@@ -61,3 +61,15 @@ def test_labels_do_not_mix() -> None:
     tracker = Tracker(TrackingConfig(enabled=True, min_hits=1))
     ids, _ = run(tracker, [[det(10, 10, "car")], [det(12, 10, "person")], [det(14, 10, "car")]])
     assert ids == [[1], [2], [1]]
+
+
+def test_a_parked_object_gets_one_stationary_event_per_rest() -> None:
+    tracker = Tracker(TrackingConfig(enabled=True, min_hits=2, stationary_s=1.0, max_age_s=5))
+    frames = [[det(10 + 10 * i, 50)] for i in range(5)]  # drives in
+    frames += [[det(50, 50)] for _ in range(20)]  # parks for 2 s
+    frames += [[det(50 + 20 * i, 50)] for i in range(1, 6)]  # drives off
+    frames += [[det(150, 50)] for _ in range(15)]  # parks again
+    _, events = run(tracker, frames)
+    still = [e for e in events if e["type"] == "stationary"]
+    assert [e["since"] for e in still] == [0.4, 2.9]  # at rest from frame 4 and from frame 29
+    assert [e["ts"] for e in still] == [1.4, 3.9]  # stationary_s later

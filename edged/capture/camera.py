@@ -39,6 +39,12 @@ class CameraSourceConfig(Strict):
         "nothing dropped; a live source still delivers the latest frame).",
     )
     loop: bool = Field(False, description="Start a video file again at its end instead of reconnecting.")
+    clock: Literal["wall", "video"] = Field(
+        "wall",
+        description="Frame times: wall (when captured) or video (a file only: when it was opened plus the frame's "
+        "place in the recording, so motion keep-alive, tracking and events follow the recording when it is read "
+        "faster than real time).",
+    )
     width: int | None = Field(None, gt=0, description="Resolution to request from a camera (width).")
     height: int | None = Field(None, gt=0, description="Resolution to request from a camera (height).")
     reconnect_min_s: float = Field(0.5, gt=0, description="First reconnect delay after a failure.")
@@ -185,8 +191,7 @@ class CameraSource(Source):
             return None, "cannot open (device busy or gone, or unsupported format)"
         return cap, ""
 
-    def _frame(self, image: npt.NDArray[np.uint8], index: int) -> Frame:
-        ts = time.time()
+    def _frame(self, image: npt.NDArray[np.uint8], index: int, ts: float) -> Frame:
         if self._prepare is None:
             return Frame(image, ts, index)
         # preprocessing here overlaps it with the model run of the previous frame (a pipeline stage)
@@ -199,6 +204,8 @@ class CameraSource(Source):
         paced_by_model = self.kind == "file" and interval == 0.0
         next_due = time.monotonic()
         frames = 0
+        video_clock = self.kind == "file" and self.cfg.clock == "video"
+        opened, video_fps = time.time(), float(cap.get(cv2.CAP_PROP_FPS) or 0.0) or 25.0
         while not self._halt.is_set():
             if paced_by_model:
                 while not self.slot.wait_empty(0.2):
@@ -217,9 +224,10 @@ class CameraSource(Source):
                 if self.kind == "file" and now < next_due:
                     self._halt.wait(next_due - now)
                 next_due = max(next_due + interval, time.monotonic() - interval)
-            if self.motion is not None and not self.motion.wanted(image, time.monotonic()):
+            ts = opened + index / video_fps if video_clock else time.time()
+            if self.motion is not None and not self.motion.wanted(image, ts if video_clock else time.monotonic()):
                 self.stats.count_motion_skip()  # a still scene: the model does not run
                 continue
-            dropped = self.slot.put(self._frame(np.asarray(image), index))
+            dropped = self.slot.put(self._frame(np.asarray(image), index, ts))
             self.stats.count_capture(dropped)
         return "stopped", frames

@@ -38,12 +38,15 @@ class PipelineStats:
     frames: int = 0  # frames that produced a result (published or not)
     suppressed: int = 0  # results the `publish` filter held back (not stored, no seq)
     motion_skipped: int = 0  # frames the motion gate kept from the model (no motion): not drops
+    tracks: int | None = None  # confirmed tracks right now (None: the pipeline does not track)
+    events: int = 0  # track and zone events stored
     dropped_frames: int = 0
     reconnects: int = 0
     malformed: int = 0  # input lines/records a sensor source could not read and skipped
     # last sign of life: a result, a state change, a reconnect attempt (a live reconnect loop is progress)
     progress_mono: float = field(default_factory=time.monotonic)
     _stamps: deque[float] = field(default_factory=lambda: deque(maxlen=64), repr=False)
+    _event_stamps: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=4096), repr=False)
     _lat: dict[str, deque[float]] = field(
         default_factory=lambda: {k: deque(maxlen=WINDOW) for k in ("pre", "infer", "post", "total")},
         repr=False,
@@ -118,6 +121,20 @@ class PipelineStats:
             self.motion_skipped += 1
             self.progress_mono = time.monotonic()
 
+    def count_events(self, count: int, tracks: int) -> None:
+        """A tracked frame: `count` events were stored, `tracks` tracks are active."""
+        with self.lock:
+            self.tracks = tracks
+            if count:
+                self.events += count
+                self._event_stamps.append((time.monotonic(), count))
+
+    def events_per_min(self) -> float:
+        """Events stored in the last minute."""
+        since = time.monotonic() - 60.0
+        with self.lock:
+            return float(sum(n for t, n in self._event_stamps if t >= since))
+
     def count_suppressed(self) -> None:
         """A result was held back by the pipeline's `publish` filter."""
         with self.lock:
@@ -134,6 +151,7 @@ class PipelineStats:
     def snapshot(self) -> dict[str, Any]:
         """The `pipelines[]` entry of the status JSON."""
         fps = self.fps()
+        per_min = self.events_per_min()
         with self.lock:
             lat = {k: percentiles(v) for k, v in self._lat.items()}
             total = lat.pop("total")
@@ -146,6 +164,9 @@ class PipelineStats:
                 "frames": self.frames,
                 "suppressed": self.suppressed,
                 "motion_skipped": self.motion_skipped,
+                "tracks": self.tracks,
+                "events": self.events,
+                "events_per_min": per_min,
                 "frames_captured": self.frames_captured,
                 "dropped_frames": self.dropped_frames,
                 "reconnects": self.reconnects,

@@ -31,6 +31,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from edged.core.backoff import Backoff
 from edged.core.errors import IngestError
 from edged.core.secrets import read_secret
+from edged.core.streams import EVENTS, events_key
 from edged.core.threads import Supervised
 from edged.fleet.ingestdb import Database, ResultRow, StatsRow
 
@@ -107,6 +108,8 @@ def parse_results(payload: bytes) -> list[ResultRow]:
         if not isinstance(ts, int | float) or isinstance(ts, bool):
             raise MalformedError("ts must be a number")
         body = payload.decode("utf-8") if single else json.dumps(item, separators=(",", ":"))  # as sent
+        if item.get("stream") == EVENTS:  # a pipeline's events have their own seq: keyed as the spool keys them
+            pipeline = events_key(pipeline)
         rows.append(ResultRow(device, pipeline, seq, float(ts), body))
     return rows
 

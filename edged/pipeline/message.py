@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 
 from edged import MESSAGE_VERSION
 from edged.capture.base import Frame
+from edged.core.streams import EVENTS
 from edged.model.session import LoadedModel
 
 
@@ -15,6 +16,29 @@ class Timings(NamedTuple):
     pre_ms: float
     infer_ms: float
     post_ms: float
+
+
+def event_message(  # noqa: PLR0917  (the message's parts)
+    device_id: str,
+    pipeline: str,
+    seq: int,
+    frame: Frame,
+    model: LoadedModel,
+    event: dict[str, Any],
+) -> dict[str, Any]:
+    """`{"v", "device", "pipeline", "stream": "events", "seq", "ts", "frame", "model", "event"}`: `ts` is when
+    the event happened (an `enter` is stamped with the first sighting), `frame` the frame that told."""
+    return {
+        "v": MESSAGE_VERSION,
+        "device": device_id,
+        "pipeline": pipeline,
+        "stream": EVENTS,
+        "seq": seq,
+        "ts": event["ts"],
+        "frame": frame.index,
+        "model": {"name": model.name, "sha256": model.sha256},
+        "event": event,
+    }
 
 
 def result_message(  # noqa: PLR0917  (the message's parts)

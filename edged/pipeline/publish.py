@@ -1,4 +1,4 @@
-"""Edge filtering: which results leave the device (`publish.mode`: every | on_change | interval).
+"""Edge filtering: which results leave the device (`publish.mode`: every | on_change | interval | events).
 
 What is kept and what is not: every frame is run through the model and counted in the pipeline status
 (`frames`, latencies, `fps`); a result the filter holds back is counted in `suppressed` and then
@@ -133,6 +133,32 @@ class Interval(_Paced):
 
     def decide(self, result: dict[str, Any]) -> tuple[bool, bool]:
         """Published when the interval since the last published result has passed."""
+        changed = self._changes.changed(result)
+        return self._publish_if(self._due(), changed)
+
+
+class EventsConfig(Strict):
+    """Publish the tracker's events only (they go to the events topic in every mode), and optionally a
+    summary result every `summary_s`."""
+
+    mode: Literal["events"] = Field(description="events: per-frame results are not published, only events.")
+    summary_s: float = Field(
+        0.0, ge=0, description="events: also publish the current result this often (a summary; 0 = never)."
+    )
+
+
+@PUBLISH_FILTERS.register("events", EventsConfig)
+class EventsOnly(_Paced):
+    """No per-frame results; a summary every `summary_s` (when > 0), the first one at once."""
+
+    def __init__(self, cfg: EventsConfig, clock: Clock = time.monotonic) -> None:
+        self.interval_s = cfg.summary_s
+        self.clock = clock
+        self._changes = _Changes()
+        self._last_publish: float | None = None if cfg.summary_s else clock()
+
+    def decide(self, result: dict[str, Any]) -> tuple[bool, bool]:
+        """Published only as the periodic summary."""
         changed = self._changes.changed(result)
         return self._publish_if(self._due(), changed)
 

@@ -20,6 +20,7 @@ from edged.core.errors import EdgedError
 from edged.core.stats import PipelineStats
 from edged.pipeline.model import Model, ModelRef, describe_model, prepare_model
 from edged.pipeline.publish import make_filter
+from edged.pipeline.scene import Scene
 from edged.pipeline.settings import PipelineConfig, declared_frame
 from edged.pipeline.snapshots import Snapshots
 from edged.pipeline.worker import InferenceWorker, Outlet, ResultHook, ResultSink, Turnstile
@@ -51,6 +52,7 @@ class PipelineRunner:
         state_dir: Path,
         device_id: str,
         topic: str,
+        events_topic: str = "",
         on_result: ResultHook | None = None,
         on_worker_exit: Callable[[], object] | None = None,
         source_kwargs: dict[str, Any] | None = None,
@@ -59,6 +61,7 @@ class PipelineRunner:
         self.state_dir = state_dir
         self.device_id = device_id
         self.topic = topic
+        self.events_topic = events_topic
         self.on_result = on_result
         self.on_worker_exit = on_worker_exit  # the daemon sleeps until a worker ends
         self.source_kwargs = source_kwargs or {}  # extra arguments for the source (tests: a fake capture)
@@ -86,6 +89,9 @@ class PipelineRunner:
         describe_model(self.stats, model)
         self.outlet = Outlet(sink, self.device_id, self.topic, make_filter(self.cfg.publish), self._snapshots(self.cfg))
         self.outlet.on_result = self.on_result
+        self.outlet.scene, self.outlet.events_topic = make_scene(self.cfg), self.events_topic
+        if self.outlet.scene is not None and self.outlet.scene.tracker is not None:
+            self.stats.tracks = 0
         turnstile = Turnstile(self.slot)
         self.workers = [
             InferenceWorker(self.cfg.name, self.ref, turnstile=turnstile, outlet=self.outlet, stats=self.stats, index=i)
@@ -105,7 +111,8 @@ class PipelineRunner:
         """The source, preparing the model input with the current model (its Preparer is the ModelRef)."""
         extra = dict(self.source_kwargs)
         if cfg.motion.enabled:  # camera sources only (checked with the config)
-            extra["motion"] = MotionGate(cfg.motion, cfg.motion.mask, declared_frame(cfg.frame_size, cfg.source))
+            masks = [*cfg.motion.mask, *cfg.masks]  # the pipeline's masks hide motion too
+            extra["motion"] = MotionGate(cfg.motion, masks, declared_frame(cfg.frame_size, cfg.source))
         source = make_source(
             cfg.source, slot=self.slot, stats=self.stats, name=f"edged-source-{cfg.name}", prepare=self.ref, **extra
         )
@@ -149,12 +156,16 @@ class PipelineRunner:
                 new = new.model_copy(
                     update={"model": old.model, "preprocess": old.preprocess, "postprocess": old.postprocess}
                 )
-        if (new.source, new.motion, new.frame_size) != (old.source, old.motion, old.frame_size):
+        if (new.source, new.motion, new.frame_size, new.masks) != (old.source, old.motion, old.frame_size, old.masks):
             self._restart_source(new)
             notes.append(f"pipeline {new.name}: source restarted on {new.source.uri}")
         if (new.publish, new.snapshot) != (old.publish, old.snapshot):
             self._apply_outputs(new)
             notes.append(f"pipeline {new.name}: publish/snapshot settings applied (the publish filter starts afresh)")
+        if scene_keys(new) != scene_keys(old):
+            if self.outlet is not None:
+                self.outlet.scene = make_scene(new)
+            notes.append(f"pipeline {new.name}: masks, zones and tracking applied (tracks start afresh)")
         self.cfg = new
         return notes
 
@@ -243,6 +254,24 @@ class PipelineRunner:
         """`stop_source()` then `finish(deadline)`."""
         self.stop_source()
         self.finish(deadline)
+
+
+def scene_keys(cfg: PipelineConfig) -> tuple[object, ...]:
+    """The config keys the pipeline's scene is made from."""
+    return cfg.masks, cfg.zones, cfg.reference_point, cfg.tracking, cfg.frame_size
+
+
+def make_scene(cfg: PipelineConfig) -> Scene | None:
+    """The pipeline's masks, zones and tracker; None when it has none of them."""
+    if not (cfg.masks or cfg.zones or cfg.tracking.enabled):
+        return None
+    return Scene(
+        masks=cfg.masks,
+        zones=cfg.zones,
+        tracking=cfg.tracking,
+        reference=cfg.reference_point,
+        declared=declared_frame(cfg.frame_size, cfg.source),
+    )
 
 
 def _left(deadline: float, cap: float | None = None) -> float:

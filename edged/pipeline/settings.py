@@ -11,22 +11,24 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from edged.capture.base import SOURCES
 from edged.capture.motion import MotionConfig
 from edged.capture.sensor import SensorSourceConfig
-from edged.core.geometry import polygon_problem
+from edged.core.geometry import Point, Points, polygon_problem
 from edged.core.settings import NAME_PATTERN, Strict
 from edged.model.postprocess import POSTPROCESSORS, ClassifyConfig
 from edged.model.settings import ModelConfig, PreprocessConfig
 from edged.pipeline.publish import PUBLISH_FILTERS, EveryConfig
+from edged.pipeline.scene import ReferencePoint, ZoneConfig
 from edged.pipeline.snapshots import SnapshotConfig
+from edged.pipeline.tracking import TrackingConfig
 
 if TYPE_CHECKING:  # mypy sees the built-in parts; at run time the unions hold whatever is registered
     from edged.capture.camera import CameraSourceConfig
     from edged.model.detect import DetectConfig
     from edged.model.postprocess import RawConfig
-    from edged.pipeline.publish import IntervalConfig, OnChangeConfig
+    from edged.pipeline.publish import EventsConfig, IntervalConfig, OnChangeConfig
 
     SourceConfig = CameraSourceConfig | SensorSourceConfig
     PostprocessConfig = ClassifyConfig | RawConfig | DetectConfig
-    PublishConfig = EveryConfig | OnChangeConfig | IntervalConfig
+    PublishConfig = EveryConfig | OnChangeConfig | IntervalConfig | EventsConfig
 else:
     SourceConfig = SOURCES.config_union()
     PostprocessConfig = POSTPROCESSORS.config_union()
@@ -47,6 +49,16 @@ class PipelineConfig(Strict):
     model: ModelConfig
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
     postprocess: PostprocessConfig = Field(default_factory=lambda: ClassifyConfig(type="classify"))
+    masks: list[Points] = Field(
+        default_factory=list,
+        description="Polygons whose detections are dropped (their reference point inside), and where motion is "
+        "ignored too. Points in frame pixels or fractions 0..1.",
+    )
+    zones: list[ZoneConfig] = Field(default_factory=list, description="Named areas: per-zone counts and events.")
+    reference_point: ReferencePoint = Field(
+        "bottom_center", description="The point of a box that masks and zones test: bottom_center, center, top_center."
+    )
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     publish: PublishConfig = Field(default_factory=EveryConfig)
     snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
 
@@ -62,6 +74,44 @@ class PipelineConfig(Strict):
             if problem:
                 raise ValueError(f"mask {i + 1}: {problem}")
         return value
+
+    @field_validator("masks")
+    @classmethod
+    def _masks_fit(cls, value: list[list[Point]], info: ValidationInfo) -> list[list[Point]]:
+        frame = declared_frame(info.data.get("frame_size"), info.data.get("source"))
+        for i, points in enumerate(value):
+            problem = polygon_problem(points, frame)
+            if problem:
+                raise ValueError(f"mask {i + 1}: {problem}")
+        return value
+
+    @field_validator("zones")
+    @classmethod
+    def _zones_fit(cls, value: list[ZoneConfig], info: ValidationInfo) -> list[ZoneConfig]:
+        frame = declared_frame(info.data.get("frame_size"), info.data.get("source"))
+        names = [z.name for z in value]
+        for zone in value:
+            if names.count(zone.name) > 1:
+                raise ValueError(f"zone {zone.name!r} is named twice")
+            problem = polygon_problem(zone.points, frame)
+            if problem:
+                raise ValueError(f"zone {zone.name!r}: {problem}")
+        return value
+
+    @model_validator(mode="after")
+    def _scene_needs_detections(self) -> PipelineConfig:
+        used = [k for k in ("masks", "zones") if getattr(self, k)] + (["tracking"] if self.tracking.enabled else [])
+        if used and self.postprocess.type != "detect":
+            raise ValueError(f"{', '.join(used)} work on detections: set postprocess type detect")
+        if self.publish.mode == "events" and not self.tracking.enabled:
+            raise ValueError("publish mode events sends the tracker's events: enable tracking")
+        gap = self.motion.keepalive_s
+        if self.tracking.enabled and self.motion.enabled and gap and self.tracking.max_age_s <= gap:
+            raise ValueError(
+                f"tracking.max_age_s ({self.tracking.max_age_s:g}) must exceed motion.keepalive_s ({gap:g}): "
+                "a still object is seen only every keepalive_s and would leave and enter again"
+            )
+        return self
 
     @model_validator(mode="after")
     def _preprocess_is_for_images(self) -> PipelineConfig:

@@ -51,8 +51,9 @@ class Snapshots:
             return changed
         return bool(result.get("detections"))
 
-    def write(self, image: npt.NDArray[np.uint8], result: dict[str, Any], seq: int) -> str | None:
-        """Write the frame (or the best detection's crop); the path relative to the state dir, None on failure."""
+    def write(self, image: npt.NDArray[np.uint8], result: dict[str, Any], seq: int, stream: str = "") -> str | None:
+        """Write the frame (or the best detection's crop); the path relative to the state dir, None on failure.
+        `stream` names a seq stream beside the results (events), so their pictures keep apart."""
         picture = image
         detections = result.get("detections") or []
         if self.cfg.crop and detections:
@@ -60,7 +61,7 @@ class Snapshots:
             x1, y1, x2, y2 = crop_box(detections[0]["box"], w, h)
             picture = image[y1:y2, x1:x2]
         ok, data = cv2.imencode(".jpg", picture, [cv2.IMWRITE_JPEG_QUALITY, self.cfg.jpeg_quality])
-        path = self.dir / f"{self.pipeline}-{seq:09d}.jpg"
+        path = self.dir / f"{self.pipeline}-{stream + '-' if stream else ''}{seq:09d}.jpg"
         if not ok:
             log.warning("pipeline %s: could not encode snapshot for seq %d", self.pipeline, seq)
             return None

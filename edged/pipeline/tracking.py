@@ -7,8 +7,10 @@ first and the weak ones after, which may only keep an existing track alive (a pe
 few frames keeps their id). A track is confirmed after `min_hits` matches (`enter`, stamped with the
 time it was first seen) and ends `max_age_s` after its last match (`leave`, stamped with the time it was
 last seen, with its duration and best score). An unconfirmed track that misses a frame is dropped.
+A confirmed track whose box stays put (IoU >= STILL_IOU with where it settled) for `stationary_s` gets
+one `stationary` event; it may get another after it moved and settled again.
 
-Not yet wired into pipelines (issue "Vision pipelines": zones, events topic, publish mode events).
+The pipeline's scene (edged/pipeline/scene.py) runs it after masks and adds the zone events.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from edged.core.settings import Strict
 
 ALPHA = 0.8  # how much of a matched detection's offset from the prediction the box takes
 BETA = 0.3  # how much of it goes into the velocity
+STILL_IOU = 0.8  # a box overlapping where the track settled this much has not moved
 
 
 class TrackingConfig(Strict):
@@ -36,6 +39,9 @@ class TrackingConfig(Strict):
     iou_threshold: float = Field(0.3, gt=0, lt=1, description="Least overlap of prediction and detection to match.")
     high_score: float = Field(
         0.5, ge=0, le=1, description="Detections scoring this much start tracks; weaker ones only keep tracks alive."
+    )
+    stationary_s: float = Field(
+        10.0, ge=0, description="A track that has not moved for this long gets a `stationary` event (0 = never)."
     )
 
 
@@ -66,6 +72,9 @@ class Track:
     hits: int = 1
     confirmed: bool = False
     velocity: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros(4))
+    settled: npt.NDArray[np.float64] | None = None  # where it last came to rest (None: not yet)
+    settled_ts: float = 0.0
+    stationary: bool = False  # the `stationary` event of this rest was sent
 
     def predict(self, ts: float) -> npt.NDArray[np.float64]:
         """Where the box should be at `ts`."""
@@ -104,6 +113,7 @@ class Tracker:
             det["track_id"] = None
         self._start_tracks(detections, self._associate(detections, ts), ts)
         events = [self._confirm(t) for t in self.tracks if not t.confirmed and t.hits >= self.cfg.min_hits]
+        events += [self._event("stationary", t, ts) for t in self.tracks if self._still(t, ts)]
         events += self._expire(ts)
         for det in detections:
             track = det.pop("_track", None)
@@ -124,6 +134,18 @@ class Tracker:
     def _confirm(self, track: Track) -> dict[str, Any]:
         track.confirmed = True
         return self._event("enter", track, track.first_ts)
+
+    def _still(self, track: Track, ts: float) -> bool:
+        """Whether a confirmed track seen in this frame has now been still for `stationary_s` (once per rest)."""
+        if not track.confirmed or track.last_ts != ts or not self.cfg.stationary_s:
+            return False
+        if track.settled is None or iou(track.settled[None, :], track.box[None, :])[0, 0] < STILL_IOU:
+            track.settled, track.settled_ts, track.stationary = track.box.copy(), ts, False
+            return False
+        if track.stationary or ts - track.settled_ts < self.cfg.stationary_s:
+            return False
+        track.stationary = True
+        return True
 
     def _expire(self, ts: float) -> list[dict[str, Any]]:
         """Drop tentative tracks that missed this frame and confirmed ones unseen for max_age_s (`leave`)."""
@@ -170,6 +192,8 @@ class Tracker:
             "label": track.label,
             "box": [round(float(v), 1) for v in track.box],
         }
+        if kind == "stationary":
+            event["since"] = round(track.settled_ts, 3)
         if kind == "leave":
             event["duration_s"] = round(track.last_ts - track.first_ts, 3)
             event["best_score"] = round(track.best_score, 4)

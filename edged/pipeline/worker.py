@@ -15,12 +15,14 @@ from typing import Any, Protocol
 from edged.capture.base import Frame, FrameSlot
 from edged.core.osthread import INFERENCE_NICE
 from edged.core.stats import PipelineStats
+from edged.core.streams import events_key
 from edged.core.threads import Supervised
 from edged.model.preprocess import Preprocessor
 from edged.pipeline.frametap import FrameTap
-from edged.pipeline.message import Timings, result_message
+from edged.pipeline.message import Timings, event_message, result_message
 from edged.pipeline.model import Model, ModelRef
 from edged.pipeline.publish import PublishFilter
+from edged.pipeline.scene import BEST_IMAGE, Scene
 from edged.pipeline.snapshots import Snapshots
 
 log = logging.getLogger(__name__)
@@ -43,13 +45,15 @@ class ResultSink(Protocol):
 @dataclass
 class Outlet:
     """What a pipeline does with a result, shared by its workers and used only inside a turn; the runner
-    replaces `publish` and `snapshots` on reload (the next frame takes them)."""
+    replaces `publish`, `snapshots` and `scene` on reload (the next frame takes them)."""
 
     sink: ResultSink
     device_id: str
     topic: str
     publish: PublishFilter
     snapshots: Snapshots | None = None
+    scene: Scene | None = None  # masks, zones, tracking (detect pipelines that configure them)
+    events_topic: str = ""
     on_result: ResultHook | None = None
     tap: FrameTap = field(default_factory=FrameTap)  # remote `record`, a rollout's validation frames
 
@@ -184,6 +188,11 @@ class InferenceWorker(Supervised):
         out = self.outlet
         out.tap.offer(frame.image)
         self.stats.record_result(timings.pre_ms, timings.infer_ms, timings.post_ms)
+        if out.scene is not None:
+            events = out.scene.update(result, frame.ts, frame.image)
+            for event in events:
+                self._store_event(frame, model, event)
+            self.stats.count_events(len(events), out.scene.active_tracks)
         publish, changed = out.publish.decide(result)
         if not publish:
             self.stats.count_suppressed()  # counted, then dropped: no spool row, no seq (see publish.py)
@@ -200,5 +209,23 @@ class InferenceWorker(Supervised):
         if log.isEnabledFor(logging.DEBUG):  # one line per result: journal fields make them searchable
             fields = {"PIPELINE": self.pipeline, "SEQ": seq, "PROVIDER": model.loaded.provider}
             log.debug("pipeline %s seq %d: %s", self.pipeline, seq, json.dumps(result)[:200], extra=fields)
+        if out.on_result is not None:
+            out.on_result(message)
+
+    def _store_event(self, frame: Frame, model: Model, event: dict[str, Any]) -> None:
+        """One event: its own seq stream and topic, through the spool like any result."""
+        out = self.outlet
+        image = event.pop(BEST_IMAGE, None)
+        key = events_key(self.pipeline)
+        seq = out.sink.next_seq(key)
+        message = event_message(out.device_id, self.pipeline, seq, frame, model.loaded, event)
+        if out.snapshots is not None and event["type"] in ("enter", "leave"):
+            picture = image if image is not None else frame.image  # leave: the track's best frame
+            box = event.get("best_box", event["box"])
+            path = out.snapshots.write(picture, {"detections": [{"box": box}]}, seq, stream="events")
+            if path is not None:
+                message["snapshot"] = path
+        payload = json.dumps(message, separators=(",", ":")).encode("utf-8")
+        out.sink.append(key, seq, event["ts"], out.events_topic, payload)
         if out.on_result is not None:
             out.on_result(message)

@@ -70,6 +70,9 @@ class MqttConfig(Strict):
         description="Result topic template. Every topic is checked: not empty, no + or #, not under $ (the "
         "broker's), at most 65,535 UTF-8 bytes with 64-character names.",
     )
+    events_topic: str = Field(
+        "edged/{device_id}/{pipeline}/events", description="Track and zone events topic template (tracking on)."
+    )
     availability_topic: str = Field("edged/{device_id}/status", description="Retained online/offline.")
     max_inflight: int = Field(
         32,
@@ -102,7 +105,7 @@ class MqttConfig(Strict):
     stats_retain: bool = Field(True, description="Retain the stats message.")
     message_expiry: bool = Field(True, description="MQTT 5: messages expire when their spool TTL would.")
 
-    @field_validator("topic", "availability_topic", "stats_topic")
+    @field_validator("topic", "events_topic", "availability_topic", "stats_topic")
     @classmethod
     def _publishable_topic(cls, value: str) -> str:
         return check_topic_template(value)
