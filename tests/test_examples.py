@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import ASSETS, REPO, StartDaemon, free_port, wait_for
+from detect_models import make_detector
 
 pytestmark = pytest.mark.integration
 
@@ -36,6 +37,8 @@ def on_this_machine(data: dict[str, Any], tmp: Path) -> dict[str, Any]:
     for p in data["pipelines"]:
         sensor = p["source"]["type"] == "sensor"
         p["model"] = {**p["model"], "path": str(ASSETS / ("vibration.int8.onnx" if sensor else "digits.int8.onnx"))}
+        if p.get("postprocess", {}).get("type") == "detect":  # a detector example runs a real detector
+            p["model"]["path"] = str(make_detector(tmp / f"{p['name']}-detector.onnx", "yolov8"))
         if sensor and p["source"].get("transport") == "fifo":
             p["source"]["path"] = str(tmp / f"{p['name']}.fifo")
     return data

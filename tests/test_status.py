@@ -150,6 +150,10 @@ def test_exit_codes_and_table_render(capsys: pytest.CaptureFixture[str]) -> None
                 "source": "/dev/video0",
                 "model": {"name": "digits", "sha256": "ab" * 32},
                 "error": "/dev/video0: cannot open",
+                "motion_skipped": 40,
+                "tracks": 2,
+                "events": 9,
+                "events_per_min": 3,
             }
         ],
         "spool": {
@@ -175,6 +179,8 @@ def test_exit_codes_and_table_render(capsys: pytest.CaptureFixture[str]) -> None
     assert "dropped expired 3" in out
     assert "dead letters 1" in out
     assert "disconnected b:1883" in out
+    assert "no motion 40 (frames not run)" in out
+    assert "tracks 2  events 9 (3/min)" in out
     assert "\x1b[" not in out  # no colour codes off a TTY
 
 

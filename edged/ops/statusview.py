@@ -60,6 +60,8 @@ def _pipelines(snapshot: dict[str, Any]) -> list[Any]:
         line += f"  malformed {p['malformed']}" if p.get("malformed") else ""  # sensor input it had to skip
         line += f"  suppressed {p['suppressed']} (publish filter)" if p.get("suppressed") else ""
         line += f"  no motion {p['motion_skipped']} (frames not run)" if p.get("motion_skipped") else ""
+        if p.get("tracks") is not None:  # a tracking pipeline
+            line += f"\n    tracks {p['tracks']}  events {p.get('events', 0)} ({p.get('events_per_min', 0):.0f}/min)"
         line += f"  [yellow]{p['error']}[/]" if p.get("error") else ""
         lines.append(Text.from_markup(line))
     return lines
