@@ -2,21 +2,27 @@
 
     python scripts/vision_scene.py OUT_DIR [--objects 24] [--seconds 360]
 
-writes OUT_DIR/scene.avi (MJPG 320x240, 10 frames/s), OUT_DIR/scene.truth.json and
-OUT_DIR/scene-detector.onnx. Used by benchmarks/vision.py and by the vision tests.
+writes OUT_DIR/scene.avi (MJPG 320x240, 10 frames/s), OUT_DIR/scene.truth.json,
+OUT_DIR/scene-detector.onnx and OUT_DIR/scene-marks.onnx. Used by benchmarks/vision.py and the tests.
 
 The scene: a still, textured background with camera noise (the motion gate must see stillness in it),
 and 40x40 objects, red "car"s and blue "person"s, that enter from the left or the right in a lane, cross,
 and leave; some park in the middle for a while (a `stationary` event) and drive on. Objects in one lane
-never overlap in time. The truth holds, per object, its label, its box in every frame it is in, and
-when it entered and left (the first and last frame with at least half of it in view).
+never overlap in time. Each object carries a 10x10 mark in its middle, white ("light") or black
+("dark"), for the second model. The truth holds, per object, its label, mark, its box in every frame it
+is in, and when it entered and left (the first and last frame with at least half of it in view).
 
 The detector is a small convolutional network with hand-set weights, a real ONNX graph that ONNX
 Runtime runs like any other: colour channels (red over green and blue; blue over red and green), three
 3x3 smoothing convolutions over 16 channels (the backbone; their cost per frame is that of a small
 real detector at this input size), and a 40x40 box filter at stride 4 whose response is the share of a
-box covered by the colour, raised to the 4th power (so a box half off the object scores 0.06, not 0.5,
-and NMS keeps one box per object): a YOLOv8-style head of [cx, cy, w, h, car, person] for 5,041 anchors.
+box covered by the colour (not by the mark, nor by the edges the smoothing blurs: a box on an object
+scores about 0.7), cubed (so a box half off the object scores 0.1, not 0.5, and NMS keeps one box per
+object): a YOLOv8-style head of [cx, cy, w, h, car, person] for 5,041 anchors.
+
+The second model, for the crops, classifies the mark: the mean brightness of the middle of a 32x32
+crop against 0.5, through a softmax over ["light", "dark"], with a dynamic batch dimension (edged runs
+all crops of a frame in one batch).
 """
 
 from __future__ import annotations
@@ -44,8 +50,11 @@ INPUT = 320  # the detector's input is INPUT x INPUT (the frame letterboxed: no 
 STRIDE = 4
 CHANNELS = 16
 LABELS = ["car", "person"]
+MARKS = ["light", "dark"]
+MARK = 10  # the mark is MARK x MARK pixels in the middle of an object
+CROP = 32  # the mark model's input is CROP x CROP
 COLOURS = {"car": (40, 40, 220), "person": (220, 60, 40)}  # BGR
-LANES = (30, 100, 170)  # top y of each lane
+LANES = (32, 100, 168)  # top y of each lane (on the detector's anchor grid: y + 40 bars is a multiple of 4)
 SPEED = 160.0  # pixels per second (16 per frame)
 
 
@@ -87,7 +96,7 @@ def plan(objects: int, seconds: float, seed: int = 7) -> list[Trip]:
         start = 1.0 + i * gap + float(rng.uniform(0, gap * 0.3))
         lane = int(np.argmin(free))
         start = max(start, free[lane] + 0.5)
-        park = float(rng.choice([0.0, 0.0, 12.0]))
+        park = float(rng.choice([0.0, 0.0, 20.0]))
         trip = Trip(LABELS[i % 2], lane, start, bool(i % 3), park)
         free[lane] = trip.end()
         trips.append(trip)
@@ -110,7 +119,7 @@ def visible(x: float) -> bool:
 def write_scene(out: Path, objects: int, seconds: float) -> tuple[Path, Path]:
     """The video and its truth file."""
     trips = plan(objects, seconds)
-    frames = int(max(seconds, max(t.end() for t in trips) + 6.0) * FPS)  # the last one has left for good
+    frames = int(max(seconds, max(t.end() for t in trips) + 12.0) * FPS)  # the last one has long left
     still = background()
     rng = np.random.default_rng(11)
     video = out / "scene.avi"
@@ -118,7 +127,8 @@ def write_scene(out: Path, objects: int, seconds: float) -> tuple[Path, Path]:
     if not writer.isOpened():
         raise SystemExit("OpenCV cannot write MJPG video here")
     truth: list[dict[str, Any]] = [
-        {"id": i + 1, "label": t.label, "parks_s": t.park_s, "boxes": {}} for i, t in enumerate(trips)
+        {"id": i + 1, "label": t.label, "mark": MARKS[i % 2], "parks_s": t.park_s, "boxes": {}}
+        for i, t in enumerate(trips)
     ]
     for f in range(frames):
         t = f / FPS
@@ -131,6 +141,9 @@ def write_scene(out: Path, objects: int, seconds: float) -> tuple[Path, Path]:
             x0, x1 = max(0, round(x)), min(WIDTH, round(x) + SIZE)
             if x1 > x0:
                 image[y : y + SIZE, x0:x1] = COLOURS[trip.label]
+                m0, m1 = round(x) + (SIZE - MARK) // 2, round(x) + (SIZE + MARK) // 2
+                if m0 >= 0 and m1 <= WIDTH:
+                    image[y + (SIZE - MARK) // 2 : y + (SIZE + MARK) // 2, m0:m1] = 255 if obj["mark"] == "light" else 0
             if visible(x):
                 obj["boxes"][f] = [round(x, 1), y, round(x, 1) + SIZE, y + SIZE]
         writer.write(image)
@@ -187,8 +200,8 @@ def make_detector(path: Path) -> Path:
     inits += [numpy_helper.from_array(boxes, "anchors"), numpy_helper.from_array(np.asarray([1, 2, n]), "flat")]
     nodes += [
         helper.make_node("Mul", ["share", "share"], ["share2"]),
-        helper.make_node("Mul", ["share2", "share2"], ["share4"]),
-        helper.make_node("Reshape", ["share4", "flat"], ["scores"]),
+        helper.make_node("Mul", ["share2", "share"], ["share3"]),
+        helper.make_node("Reshape", ["share3", "flat"], ["scores"]),
         helper.make_node("Concat", ["anchors", "scores"], ["output0"], axis=1),
     ]
     graph = helper.make_graph(
@@ -210,6 +223,47 @@ def make_detector(path: Path) -> Path:
     return path
 
 
+def make_mark_model(path: Path, batch: int | str = "batch") -> Path:
+    """The second model: light or dark mark in the middle of a crop (see the module docstring); `batch`
+    1 makes its batch dimension fixed (one crop a run)."""
+    lo, hi = CROP // 2 - 4, CROP // 2 + 4
+    inits = [
+        numpy_helper.from_array(np.asarray([lo, lo], np.int64), "starts"),
+        numpy_helper.from_array(np.asarray([hi, hi], np.int64), "ends"),
+        numpy_helper.from_array(np.asarray([2, 3], np.int64), "axes"),
+        numpy_helper.from_array(np.float32(0.5), "half"),
+        numpy_helper.from_array(np.float32(10.0), "gain"),
+        numpy_helper.from_array(np.asarray([1], np.int64), "one_axis"),
+    ]
+    nodes = [
+        helper.make_node("Slice", ["crop", "starts", "ends", "axes"], ["middle"]),
+        helper.make_node("ReduceMean", ["middle"], ["mean"], axes=[1, 2, 3], keepdims=0),
+        helper.make_node("Unsqueeze", ["mean", "one_axis"], ["m1"]),
+        helper.make_node("Sub", ["m1", "half"], ["light"]),
+        helper.make_node("Neg", ["light"], ["dark"]),
+        helper.make_node("Concat", ["light", "dark"], ["logits"], axis=1),
+        helper.make_node("Mul", ["logits", "gain"], ["scaled"]),
+        helper.make_node("Softmax", ["scaled"], ["probs"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "scene-marks",
+        [helper.make_tensor_value_info("crop", TensorProto.FLOAT, [batch, 3, CROP, CROP])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [batch, len(MARKS)])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    spec = PreprocessSpec(size=(CROP, CROP), resize="stretch", color="rgb", layout="nchw", dtype="float32")
+    helper.set_model_props(
+        model,
+        {"edged.preprocess": spec.to_metadata(), "edged.name": "scene-marks", "edged.labels": json.dumps(MARKS)},
+    )
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     """Write the scene, its truth and the detector into OUT_DIR."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -220,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     video, truth = write_scene(args.out, args.objects, args.seconds)
     detector = make_detector(args.out / "scene-detector.onnx")
-    print(f"wrote {video}, {truth}, {detector}")
+    marks = make_mark_model(args.out / "scene-marks.onnx")
+    print(f"wrote {video}, {truth}, {detector}, {marks}")
     return 0
 
 

@@ -44,6 +44,13 @@ def test_minimal_config_gets_defaults(tmp_path: Path, tiny_model: Path) -> None:
     assert cfg.status_socket == tmp_path / "state" / "status.sock"
 
 
+def test_a_key_yaml_would_read_as_a_boolean_stays_a_word(tmp_path: Path, tiny_model: Path) -> None:
+    body = GOOD + "    snapshot: {{enabled: yes, on: change}}\n"  # YAML 1.1: `on` and `yes` are true
+    cfg = load_config(write(tmp_path, body, tiny_model))
+    assert cfg.pipelines[0].snapshot.on == "change"
+    assert cfg.pipelines[0].snapshot.enabled is True  # values keep their YAML meaning
+
+
 def test_unknown_key_names_file_line_key_and_value(tmp_path: Path, tiny_model: Path) -> None:
     body = GOOD + "    postproces: {{type: raw}}\n"
     path = write(tmp_path, body, tiny_model)

@@ -21,13 +21,15 @@ import yaml
 from conftest import ASSETS, REPO, StartDaemon, free_port, wait_for
 from detect_models import make_detector
 
+from edged.core.configfile import load
+
 pytestmark = pytest.mark.integration
 
 
 def examples() -> list[tuple[str, dict[str, Any]]]:
     found = [(p.name, yaml.safe_load(p.read_text(encoding="utf-8"))) for p in sorted((REPO / "deploy").glob("*.yaml"))]
     blocks = re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(encoding="utf-8"), re.DOTALL)
-    found += [(f"README.md yaml block {i}", yaml.safe_load(b)) for i, b in enumerate(blocks, 1)]
+    found += [(f"README.md yaml block {i}", load(b, "README.md")[0]) for i, b in enumerate(blocks, 1)]  # as edged reads
     return [(name, data) for name, data in found if isinstance(data, dict) and "pipelines" in data]
 
 
@@ -39,6 +41,8 @@ def on_this_machine(data: dict[str, Any], tmp: Path) -> dict[str, Any]:
         p["model"] = {**p["model"], "path": str(ASSETS / ("vibration.int8.onnx" if sensor else "digits.int8.onnx"))}
         if p.get("postprocess", {}).get("type") == "detect":  # a detector example runs a real detector
             p["model"]["path"] = str(make_detector(tmp / f"{p['name']}-detector.onnx", "yolov8"))
+        for second in p.get("secondary", []):  # a classifier on the crops: the demo's digits model
+            second["model"] = {**second["model"], "path": str(ASSETS / "digits.int8.onnx")}
         if sensor and p["source"].get("transport") == "fifo":
             p["source"]["path"] = str(tmp / f"{p['name']}.fifo")
     return data

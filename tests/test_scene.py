@@ -27,6 +27,7 @@ def det(x: float, y: float, label: str = "car", score: float = 0.9) -> dict[str,
 def test_a_mask_drops_detections_by_their_bottom_centre() -> None:
     scene = Scene(masks=[[(0, 0), (320, 0), (320, 60), (0, 60)]], zones=[], tracking=TrackingConfig())
     result: dict[str, Any] = {"detections": [det(10, 0), det(10, 30), det(100, 100)]}  # bottom centres y = 40, 70, 140
+    scene.mask(result, IMAGE)  # the workers mask before their turn (and before the crops' models)
     assert scene.update(result, 0.0, IMAGE) == []
     assert [d["box"][1] for d in result["detections"]] == [30, 100]
     assert result["masked"] == 1

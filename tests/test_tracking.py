@@ -73,3 +73,13 @@ def test_a_parked_object_gets_one_stationary_event_per_rest() -> None:
     still = [e for e in events if e["type"] == "stationary"]
     assert [e["since"] for e in still] == [0.4, 2.9]  # at rest from frame 4 and from frame 29
     assert [e["ts"] for e in still] == [1.4, 3.9]  # stationary_s later
+
+
+def test_a_car_that_parks_while_unseen_keeps_its_id_at_the_next_keep_alive() -> None:
+    tracker = Tracker(TrackingConfig(enabled=True, min_hits=2, max_age_s=4))
+    frames = [[det(10 + 16 * i, 50)] for i in range(8)]  # 160 px/s, then it stops at x 122 ...
+    ids, _ = run(tracker, frames)
+    later = tracker.update([det(122, 50)], 0.7 + 3.0)  # ... and a motion gate shows it 3 s later
+    assert later == []  # no leave, no new enter
+    assert tracker.tracks[0].track_id == ids[-1][0] == 1
+    assert tracker.update([det(122, 50)], 0.7 + 6.0) == []  # and again: it is at rest now

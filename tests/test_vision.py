@@ -75,3 +75,94 @@ def test_events_go_to_their_topic_with_their_own_seq_and_results_stay_home(
     again = events()[len(got) :]
     assert [e["seq"] for e in again] == list(range(len(got) + 1, len(got) + 1 + len(again)))
     assert len(again) == status["events"]
+
+
+def crops_frame() -> Any:
+    """A frame with a light-marked car and a dark-marked person, and their detections."""
+    import numpy as np
+
+    image = np.full((240, 320, 3), 120, np.uint8)
+    dets = []
+    for x, colour, mark, label in ((40, (40, 40, 220), 255, "car"), (200, (220, 60, 40), 0, "person")):
+        image[100:140, x : x + 40] = colour
+        image[115:125, x + 15 : x + 25] = mark
+        dets.append({"label": label, "score": 0.8, "box": [x, 100.0, x + 40.0, 140.0]})
+    return image, dets
+
+
+@pytest.mark.parametrize("batch", ["batch", 1])
+def test_a_second_model_classifies_each_crop_batched_when_it_can(tmp_path: Path, batch: int | str) -> None:
+    from edged.model.settings import ModelConfig
+    from edged.pipeline.secondary import SecondaryConfig, load_secondary
+
+    path = vision_scene.make_mark_model(tmp_path / "marks.onnx", batch=batch)
+    cfg = SecondaryConfig(name="mark", model=ModelConfig(path=path, providers=["CPUExecutionProvider"]))
+    second = load_secondary(cfg, tmp_path)
+    assert second.batched is (batch == "batch")
+    image, dets = crops_frame()
+    second.run(image, dets)
+    assert [d["secondary"]["mark"]["top"][0]["label"] for d in dets] == ["light", "dark"]
+    only = SecondaryConfig(name="mark", model=cfg.model, on=["person"])
+    image, dets = crops_frame()
+    load_secondary(only, tmp_path).run(image, dets)
+    assert ["secondary" in d for d in dets] == [False, True]  # `on` picks the labels
+
+
+def test_a_pipeline_attaches_the_second_models_results_and_times_them(tmp_path: Path) -> None:
+    import numpy as np
+
+    from edged.pipeline.tracking import iou
+
+    video, truth_path = vision_scene.write_scene(tmp_path, objects=4, seconds=10)
+    truth = json.loads(truth_path.read_text(encoding="utf-8"))
+    model = vision_scene.make_detector(tmp_path / "detector.onnx")
+    cfg = base_config(tmp_path, model, str(video))
+    cfg["pipelines"][0]["postprocess"] = {"type": "detect"}
+    cfg["pipelines"][0]["secondary"] = [{
+        "name": "mark", "model": {"path": str(vision_scene.make_mark_model(tmp_path / "marks.onnx")),
+                                  "providers": ["CPUExecutionProvider"]},
+        "min_score": 0.3,
+    }]  # fmt: skip
+    daemon = Daemon(config_from_dict(cfg))
+    daemon.start()
+    daemon.wait()
+    status = daemon.pipelines[0].stats.snapshot()
+    daemon.stop()
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "state" / "spool.db") as conn:
+        results = [json.loads(p) for (p,) in conn.execute("SELECT payload FROM results ORDER BY id")]
+    checked = 0
+    for m in results:
+        assert "secondary" in m["latency_ms"]
+        for obj in truth["objects"]:
+            box = obj["boxes"].get(str(m["frame"]))
+            for d in m["result"]["detections"]:
+                if box is not None and iou(np.asarray([box], float), np.asarray([d["box"]], float))[0, 0] >= 0.5:
+                    assert d["secondary"]["mark"]["top"][0]["label"] == obj["mark"], (m["frame"], obj["id"])
+                    checked += 1
+    assert checked > 50
+    assert "secondary" in status["latency_ms"]["stages"]
+
+
+def test_a_second_model_that_does_not_fit_its_preprocess_is_a_check_config_error(tmp_path: Path) -> None:
+    from conftest import write_config
+
+    from edged.core.errors import ConfigError
+    from edged.ops.checkconfig import check_config
+
+    model = vision_scene.make_detector(tmp_path / "detector.onnx")
+    cfg = base_config(tmp_path, model, "x.mp4")
+    cfg["pipelines"][0]["postprocess"] = {"type": "detect"}
+    marks = vision_scene.make_mark_model(tmp_path / "marks.onnx")
+    cfg["pipelines"][0]["secondary"] = [
+        {"name": "mark", "model": {"path": str(marks)}, "preprocess": {"size": [16, 16]}}
+    ]
+    with pytest.raises(ConfigError) as err:
+        check_config(write_config(tmp_path / "edged.yaml", cfg))
+    assert "pipelines[0].secondary[0].preprocess" in str(err.value)
+    assert "preprocessing produces [1, 3, 16, 16]" in str(err.value)
+    cfg["pipelines"][0]["postprocess"] = {"type": "classify"}
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(cfg)
+    assert "secondary work on detections: set postprocess type detect" in str(err.value)

@@ -205,7 +205,8 @@ class CameraSource(Source):
         next_due = time.monotonic()
         frames = 0
         video_clock = self.kind == "file" and self.cfg.clock == "video"
-        opened, video_fps = time.time(), float(cap.get(cv2.CAP_PROP_FPS) or 0.0) or 25.0
+        opened = time.time()
+        video_fps = (float(cap.get(cv2.CAP_PROP_FPS) or 0.0) or 25.0) if video_clock else 0.0
         while not self._halt.is_set():
             if paced_by_model:
                 while not self.slot.wait_empty(0.2):

@@ -29,6 +29,8 @@ MAX_NODES = 20_000
 MAX_ALIASES = 100
 MAX_INT_DIGITS = 20
 INT_TAG = "tag:yaml.org,2002:int"
+BOOL_TAG = "tag:yaml.org,2002:bool"
+STR_TAG = "tag:yaml.org,2002:str"
 
 
 def read_text(path: Path) -> str:
@@ -93,7 +95,8 @@ def _check_events(text: str, source: str) -> None:
 
 
 def _check_nodes(root: yaml.Node, source: str) -> None:
-    """Walk the node graph as construction would expand it: bounded in steps, whatever aliases do."""
+    """Walk the node graph as construction would expand it: bounded in steps, whatever aliases do;
+    mapping keys that YAML 1.1 would read as booleans (on, off, yes, no) are kept as the words."""
     stack = [root]
     seen = 0
     while stack:
@@ -111,6 +114,8 @@ def _check_nodes(root: yaml.Node, source: str) -> None:
                         again = f"key given twice in one mapping (first on line {keys[key.value]})"
                         raise ConfigError([f"{source}:{_line(key)} {key.value}: {again}"])
                     keys[key.value] = _line(key)
+                    if key.tag == BOOL_TAG and key.style is None:  # YAML 1.1 reads `on:` as True; no key of
+                        key.tag = STR_TAG  # edged's is a boolean: a plain word as a key stays that word
                 stack += (key, value)
         elif isinstance(node, yaml.SequenceNode):
             stack += node.value

@@ -85,8 +85,8 @@ class PipelineStats:
         with self.lock:
             self.malformed += count
 
-    def record_result(self, pre_ms: float, infer_ms: float, post_ms: float) -> None:
-        """One frame went through the model."""
+    def record_result(self, pre_ms: float, infer_ms: float, post_ms: float, secondary_ms: float | None = None) -> None:
+        """One frame went through the model (and the second models on its crops, when it has any)."""
         now = time.monotonic()
         with self.lock:
             self.frames += 1
@@ -94,7 +94,9 @@ class PipelineStats:
             self._stamps.append(now)
             for key, value in (("pre", pre_ms), ("infer", infer_ms), ("post", post_ms)):
                 self._lat[key].append(value)
-            self._lat["total"].append(pre_ms + infer_ms + post_ms)
+            if secondary_ms is not None:
+                self._lat.setdefault("secondary", deque(maxlen=WINDOW)).append(secondary_ms)
+            self._lat["total"].append(pre_ms + infer_ms + post_ms + (secondary_ms or 0.0))
 
     def touch(self) -> None:
         """Record progress that is not a result (the model finished loading, a reload)."""

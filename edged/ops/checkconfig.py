@@ -25,7 +25,8 @@ def check_config(path: Path) -> Config:
         found = check_pipeline_model(p, config.state_dir)
         if found is not None:
             key, why = found
-            problems.append(where.problem(("pipelines", i, *key.split(".")), why))
+            at = tuple(int(part) if part.isdigit() else part for part in key.split("."))
+            problems.append(where.problem(("pipelines", i, *at), why))
     if problems:
         raise ConfigError(problems)
     return config

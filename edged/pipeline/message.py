@@ -16,6 +16,7 @@ class Timings(NamedTuple):
     pre_ms: float
     infer_ms: float
     post_ms: float
+    secondary_ms: float | None = None  # models on the crops (None: the pipeline has none)
 
 
 def event_message(  # noqa: PLR0917  (the message's parts)
@@ -64,6 +65,7 @@ def result_message(  # noqa: PLR0917  (the message's parts)
             "pre": round(timings.pre_ms, 3),
             "infer": round(timings.infer_ms, 3),
             "post": round(timings.post_ms, 3),
+            **({} if timings.secondary_ms is None else {"secondary": round(timings.secondary_ms, 3)}),
         },
         "result": result,
     }

@@ -4,7 +4,7 @@ checked and warmed up; the reference the workers and the source read, swapped be
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from edged.model.postprocess import Postprocessor, make_postprocessor
 from edged.model.preprocess import Preprocessor, PreprocessSpec
 from edged.model.session import LoadedModel, load_model, load_problem, warm_up
 from edged.model.window import WindowSpec, WindowTransform
+from edged.pipeline.secondary import SecondaryModel, load_secondary, secondary_problem
 from edged.pipeline.settings import PipelineConfig
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class Model:
     loaded: LoadedModel
     pre: Preprocessor | WindowTransform  # image preprocessing, or a sensor source's window -> tensor
     post: Postprocessor
+    secondary: list[SecondaryModel] = field(default_factory=list)  # models on the detections' crops
 
 
 class ModelRef:
@@ -71,7 +73,7 @@ def prepare_model(cfg: PipelineConfig, state_dir: Path, cores: int | None = None
     pre, tensor_shape, input_size = _preparation(cfg, loaded)
     post = _postprocessor(cfg, loaded, input_size)
     warm_up(loaded, tensor_shape, cfg.model.warmup_runs)
-    return Model(loaded, pre, post)
+    return Model(loaded, pre, post, [load_secondary(s, state_dir, cores) for s in cfg.secondary])
 
 
 def _preparation(
@@ -113,6 +115,10 @@ def check_pipeline_model(cfg: PipelineConfig, state_dir: Path) -> tuple[str, str
         _postprocessor(cfg, loaded, input_size)
     except EdgedError as exc:
         return "postprocess", str(exc)
+    for i, second in enumerate(cfg.secondary):
+        found = secondary_problem(second, state_dir)
+        if found is not None:
+            return f"secondary.{i}.{found[0]}", found[1]
     return None
 
 

@@ -146,16 +146,19 @@ class PipelineRunner:
             notes.append(f"pipeline {new.name}: threads/concurrency take effect after a restart")
             new = new.model_copy(update={"model": new.model.model_copy(
                 update={"threads": old.model.threads, "concurrency": old.model.concurrency})})  # fmt: skip
-        if (new.model, new.preprocess, new.postprocess) != (old.model, old.preprocess, old.postprocess):
+        if (new.model, new.preprocess, new.postprocess, new.secondary) != (
+            old.model, old.preprocess, old.postprocess, old.secondary
+        ):  # fmt: skip
             if self.swap_model(new):
-                notes.append(f"pipeline {new.name}: model, preprocess and postprocess applied")
+                notes.append(f"pipeline {new.name}: model, preprocess, postprocess and secondary models applied")
             else:
                 notes.append(
                     f"pipeline {new.name}: the new model was refused; the running one stays ({self.stats.error})"
                 )
-                new = new.model_copy(
-                    update={"model": old.model, "preprocess": old.preprocess, "postprocess": old.postprocess}
-                )
+                new = new.model_copy(update={
+                    "model": old.model, "preprocess": old.preprocess, "postprocess": old.postprocess,
+                    "secondary": old.secondary,
+                })  # fmt: skip
         if (new.source, new.motion, new.frame_size, new.masks) != (old.source, old.motion, old.frame_size, old.masks):
             self._restart_source(new)
             notes.append(f"pipeline {new.name}: source restarted on {new.source.uri}")

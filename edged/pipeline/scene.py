@@ -73,23 +73,31 @@ class Scene:
         return self.tracker.active if self.tracker is not None else 0
 
     def _setup(self, size: tuple[int, int]) -> None:
-        if size != self._size:  # the first frame, or the source changed its resolution
-            self._size = size
-            self._masks = [Polygon(p, size, self.declared) for p in self.mask_points]
-            self._zones = [(z, Polygon(z.points, size, self.declared)) for z in self.zone_cfgs]
+        if size != self._size:  # the first frame, or the source changed its resolution (set last: a
+            self._masks = [Polygon(p, size, self.declared) for p in self.mask_points]  # worker at once
+            self._zones = [(z, Polygon(z.points, size, self.declared)) for z in self.zone_cfgs]  # sees old
+            self._size = size  # or new polygons, both whole)
+
+    def mask(self, result: dict[str, Any], image: npt.NDArray[Any]) -> None:
+        """Drop the detections in the masks (in place; `masked` counts them). Keeps no state but the
+        polygons' scale, so the workers may call it at once, before their turn."""
+        detections = result.get("detections")
+        if not isinstance(detections, list) or not self.mask_points:
+            return
+        height, width = image.shape[:2]
+        self._setup((width, height))
+        kept = [d for d in detections if not self._masked(d)]
+        if len(kept) != len(detections):
+            result["masked"] = len(detections) - len(kept)
+            result["detections"] = kept
 
     def update(self, result: dict[str, Any], ts: float, image: npt.NDArray[Any]) -> list[dict[str, Any]]:
-        """Apply masks and zones to `result` (in place), track, and return this frame's events."""
+        """Zones on `result` (in place, after `mask`), track, and return this frame's events (in capture order)."""
         detections = result.get("detections")
         if not isinstance(detections, list):
             return []
         height, width = image.shape[:2]
         self._setup((width, height))
-        if self._masks:
-            kept = [d for d in detections if not self._masked(d)]
-            if len(kept) != len(detections):
-                result["masked"] = len(detections) - len(kept)
-            result["detections"] = detections = kept
         if self._zones:
             result["zones"] = self._count_zones(detections)
         if self.tracker is None:

@@ -17,6 +17,7 @@ from edged.model.postprocess import POSTPROCESSORS, ClassifyConfig
 from edged.model.settings import ModelConfig, PreprocessConfig
 from edged.pipeline.publish import PUBLISH_FILTERS, EveryConfig
 from edged.pipeline.scene import ReferencePoint, ZoneConfig
+from edged.pipeline.secondary import SecondaryConfig
 from edged.pipeline.snapshots import SnapshotConfig
 from edged.pipeline.tracking import TrackingConfig
 
@@ -59,6 +60,9 @@ class PipelineConfig(Strict):
         "bottom_center", description="The point of a box that masks and zones test: bottom_center, center, top_center."
     )
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    secondary: list[SecondaryConfig] = Field(
+        default_factory=list, description="Models run on the crops of selected detections (see README)."
+    )
     publish: PublishConfig = Field(default_factory=EveryConfig)
     snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
 
@@ -100,9 +104,13 @@ class PipelineConfig(Strict):
 
     @model_validator(mode="after")
     def _scene_needs_detections(self) -> PipelineConfig:
-        used = [k for k in ("masks", "zones") if getattr(self, k)] + (["tracking"] if self.tracking.enabled else [])
+        used = [k for k in ("masks", "zones", "secondary") if getattr(self, k)]
+        used += ["tracking"] if self.tracking.enabled else []
         if used and self.postprocess.type != "detect":
             raise ValueError(f"{', '.join(used)} work on detections: set postprocess type detect")
+        names = [s.name for s in self.secondary]
+        if len(set(names)) != len(names):
+            raise ValueError(f"secondary model names must be unique: {names}")
         if self.publish.mode == "events" and not self.tracking.enabled:
             raise ValueError("publish mode events sends the tracker's events: enable tracking")
         gap = self.motion.keepalive_s

@@ -2,8 +2,9 @@
 
 ByteTrack-style association, small enough to read: each track predicts its box with a constant-velocity
 model (an alpha-beta filter on the box corners); detections of the same label are matched to the
-predictions by IoU, greedily from the best overlap, the confident detections (score >= `high_score`)
-first and the weak ones after, which may only keep an existing track alive (a person half hidden for a
+predictions (or, when that overlaps more, to where the track was last seen: it stopped) by IoU,
+greedily from the best overlap, the confident detections (score >= `high_score`) first and the weak
+ones after, which may only keep an existing track alive (a person half hidden for a
 few frames keeps their id). A track is confirmed after `min_hits` matches (`enter`, stamped with the
 time it was first seen) and ends `max_age_s` after its last match (`leave`, stamped with the time it was
 last seen, with its duration and best score). An unconfirmed track that misses a frame is dropped.
@@ -80,14 +81,18 @@ class Track:
         """Where the box should be at `ts`."""
         return self.box + self.velocity * (ts - self.last_ts)
 
-    def match(self, box: npt.NDArray[np.float64], score: float, ts: float) -> None:
-        """Take a detection: the alpha-beta update of box and velocity."""
+    def match(self, box: npt.NDArray[np.float64], score: float, ts: float, *, stopped: bool = False) -> None:
+        """Take a detection: the alpha-beta update of box and velocity; `stopped`: it was found where it was
+        last seen, not where it was heading (it stopped while unseen): it starts again from there, at rest."""
         dt = ts - self.last_ts
         predicted = self.predict(ts)
         residual = box - predicted
-        self.box = predicted + ALPHA * residual
-        if dt > 0:
-            self.velocity = self.velocity + BETA * residual / dt
+        if stopped:
+            self.box, self.velocity = box.copy(), np.zeros(4)
+        else:
+            self.box = predicted + ALPHA * residual
+            if dt > 0:
+                self.velocity = self.velocity + BETA * residual / dt
         self.last_ts = ts
         self.hits += 1
         self.best_score = max(self.best_score, score)
@@ -169,7 +174,10 @@ class Tracker:
                 continue
             boxes = np.asarray([detections[i]["box"][:4] for i in chosen], np.float64)
             predicted = np.asarray([t.predict(ts) for t in open_tracks], np.float64)
-            overlap = iou(predicted, boxes)
+            # where it was last seen too: after a long gap (a motion-gated pipeline sees a parked car only at
+            # each keep-alive) the velocity of its arrival would carry the prediction far past it
+            ahead, still = iou(predicted, boxes), iou(np.asarray([t.box for t in open_tracks], np.float64), boxes)
+            overlap = np.maximum(ahead, still)
             for ti, di in zip(*np.unravel_index(np.argsort(-overlap, axis=None), overlap.shape), strict=True):
                 if overlap[ti, di] < self.cfg.iou_threshold:
                     break
@@ -177,7 +185,7 @@ class Tracker:
                 det = detections[det_index]
                 if track.last_ts == ts or det_index not in free or str(det["label"]) != track.label:
                     continue
-                track.match(boxes[di], float(det["score"]), ts)
+                track.match(boxes[di], float(det["score"]), ts, stopped=bool(still[ti, di] > ahead[ti, di]))
                 det["_track"] = track
                 free.remove(det_index)
             open_tracks = [t for t in open_tracks if t.last_ts != ts]

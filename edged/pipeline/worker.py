@@ -23,6 +23,7 @@ from edged.pipeline.message import Timings, event_message, result_message
 from edged.pipeline.model import Model, ModelRef
 from edged.pipeline.publish import PublishFilter
 from edged.pipeline.scene import BEST_IMAGE, Scene
+from edged.pipeline.secondary import run_secondaries
 from edged.pipeline.snapshots import Snapshots
 
 log = logging.getLogger(__name__)
@@ -182,12 +183,16 @@ class InferenceWorker(Supervised):
         geometry = model.pre.geometry(width, height) if isinstance(model.pre, Preprocessor) else None
         result = model.post(outputs, geometry)
         t3 = time.perf_counter()
-        return model, result, Timings(pre_ms, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
+        scene = self.outlet.scene
+        if scene is not None:
+            scene.mask(result, frame.image)  # before the crops: a masked detection is not classified
+        second = run_secondaries(model.secondary, frame.image, result) if model.secondary else None
+        return model, result, Timings(pre_ms, (t2 - t1) * 1e3, (t3 - t2) * 1e3, second)
 
     def _store(self, frame: Frame, model: Model, result: dict[str, Any], timings: Timings) -> None:
         out = self.outlet
         out.tap.offer(frame.image)
-        self.stats.record_result(timings.pre_ms, timings.infer_ms, timings.post_ms)
+        self.stats.record_result(timings.pre_ms, timings.infer_ms, timings.post_ms, timings.secondary_ms)
         if out.scene is not None:
             events = out.scene.update(result, frame.ts, frame.image)
             for event in events:
