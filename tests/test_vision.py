@@ -31,6 +31,13 @@ def scene_config(tmp_path: Path, broker: Broker) -> dict[str, Any]:
     return cfg
 
 
+def rows_by_stream(url: str) -> dict[str, int]:
+    import sqlite3
+
+    with sqlite3.connect(url) as conn:
+        return dict(conn.execute("SELECT pipeline, COUNT(*) FROM results GROUP BY pipeline").fetchall())
+
+
 def run_video(cfg: dict[str, Any], events: Any, already: int) -> dict[str, Any]:
     """Run the daemon over the video; wait until the broker delivered all its events; its pipeline status."""
     daemon = Daemon(config_from_dict(cfg))
@@ -47,9 +54,17 @@ def run_video(cfg: dict[str, Any], events: Any, already: int) -> dict[str, Any]:
 def test_events_go_to_their_topic_with_their_own_seq_and_results_stay_home(
     tmp_path: Path, broker: Broker, subscribe: Subscribe
 ) -> None:
+    from edged.fleet.ingest import Ingest, IngestOptions
+    from edged.fleet.ingestdb import open_database
+    from edged.fleet.report import build_report
+
     cfg = scene_config(tmp_path, broker)
     dev = cfg["device_id"]
     sub = subscribe(broker, f"edged/{dev}/#")
+    url = str(tmp_path / "ingest.db")
+    opts = IngestOptions(host=broker.host, port=broker.port, client_id=f"ingest-{dev}", group="", session_expiry_s=60)
+    ingest = Ingest(opts, open_database(url))
+    ingest.start()
 
     def events() -> list[dict[str, Any]]:
         return [json.loads(p) for p, _ in sub.payloads(f"edged/{dev}/cam0/events")]
@@ -75,6 +90,16 @@ def test_events_go_to_their_topic_with_their_own_seq_and_results_stay_home(
     again = events()[len(got) :]
     assert [e["seq"] for e in again] == list(range(len(got) + 1, len(got) + 1 + len(again)))
     assert len(again) == status["events"]
+    # and the consumer lands them once each, as their own stream beside the (absent) results
+    total = len(got) + len(again)
+    wait_for(lambda: rows_by_stream(url).get("cam0/events") == total, 30, "the events in the ingest database")
+    report = build_report(ingest.db)
+    ingest.stop()
+    ingest.db.close()
+    entry = next(d for d in report["devices"] if d["device"] == dev)
+    assert (entry["missing"], entry["pipelines"][0]["pipeline"], entry["pipelines"][0]["last_seq"]) == (
+        0, "cam0/events", total
+    )  # fmt: skip
 
 
 def crops_frame() -> Any:

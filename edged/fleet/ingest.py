@@ -49,6 +49,7 @@ class IngestOptions:
     group: str = "edged-ingest"  # shared-subscription group; "" subscribes plainly (one ingest only)
     client_id: str = "edged-ingest"  # stable: the broker keeps this session while the ingest is away
     results_topic: str = "edged/+/+/results"
+    events_topic: str = "edged/+/+/events"  # a tracking pipeline's events: rows keyed "<pipeline>/events"
     stats_topic: str = "edged/+/stats"
     batch: int = 1000  # results per transaction at most
     flush_s: float = 0.25  # a partial batch waits at most this long for more (a database likes big ones)
@@ -180,9 +181,10 @@ class Ingest:
             self.counters.connects += 1
         shared = f"$share/{self.opts.group}/" if self.opts.group else ""
         results = (shared + self.opts.results_topic, SubscribeOptions(qos=1))
+        events = (shared + self.opts.events_topic, SubscribeOptions(qos=1))
         # retained stats are not sent to shared subscriptions: every ingest reads them (upserts are idempotent)
         stats = (self.opts.stats_topic, SubscribeOptions(qos=1))
-        client.subscribe([results, stats])
+        client.subscribe([results, events, stats])
         log.info("ingest: connected to %s:%d as %s", self.opts.host, self.opts.port, self.opts.client_id)
 
     def _on_subscribe(self, _c: paho.Client, _u: Any, _mid: int, reasons: list[Any], _p: Any) -> None:
