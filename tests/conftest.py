@@ -362,14 +362,22 @@ def rig(tmp_path: Path, broker: Broker, tiny_model: Path, start_daemon: StartDae
 
 
 def control_daemon(
-    rig: Rig, name: str = "d", groups: tuple[str, ...] = (), *, wait: bool = True, **control: Any
+    rig: Rig,
+    name: str = "d",
+    groups: tuple[str, ...] = (),
+    *,
+    wait: bool = True,
+    pipeline: dict[str, Any] | None = None,
+    **control: Any,
 ) -> tuple[DaemonProc, dict[str, Any], Path]:
-    """A daemon on a looping 20 fps video with `control:` on (plus `control` keys), connected unless not `wait`."""
+    """A daemon on a looping 20 fps video with `control:` on (plus `control` keys, and `pipeline` keys for
+    its one pipeline), connected unless not `wait`."""
     home = rig.tmp_path / name
     home.mkdir()
     video = make_video(home / "v.mp4", 20)
     cfg = base_config(home, rig.model, str(video), broker=rig.broker, fps=20, loop=True, stop_at_end=False)
     cfg["control"] = {"public_keys": [rig.public], "groups": list(groups), **control}
+    cfg["pipelines"][0].update(pipeline or {})
     path = write_config(home / "edged.yaml", cfg)
     daemon = rig.start_daemon(path)
     if wait:

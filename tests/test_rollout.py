@@ -241,6 +241,23 @@ def test_a_regression_in_the_watch_rolls_back_to_the_previous_model(
     assert kept["ok"] is True, kept
 
 
+def test_the_watch_of_a_motion_gated_pipeline_looks_at_failures_not_at_its_rate(
+    rig: Rig, http_files: tuple[str, dict[str, bytes]]
+) -> None:
+    base, files = http_files
+    daemon, cfg, _ = control_daemon(rig, pipeline={"motion": {"enabled": True}})
+    dev = cfg["device_id"]
+    wait_for(lambda: running_sha(daemon) and (daemon.status() or {})["pipelines"][0]["fps"] > 0, 30, "frames flow")
+    good = make_tiny_model(rig.tmp_path / "good.onnx", gain=11.0)
+    files["/good.onnx"] = good.read_bytes()
+    # the rate that rolled back the ungated pipeline above: a gated pipeline's rate follows the scene
+    args = model_command(rig, good, f"{base}/good.onnx", min_fps_ratio=100.0)
+    answer = ask(rig.fleet, "model", dev, args, timeout=120)[dev]
+    assert answer["ok"] is True, answer
+    assert answer["detail"]["result"] == "kept"
+    assert running_sha(daemon) == sha(good)
+
+
 def test_the_fleet_command_rolls_a_model_out_in_chunks_over_mqtt(rig: Rig, subscribe: Subscribe) -> None:
     daemon, cfg, _ = control_daemon(rig)
     dev = cfg["device_id"]
