@@ -58,6 +58,29 @@ class StatusConfig(Strict):
         return value
 
 
+class MetricsConfig(Strict):
+    """Prometheus metrics (README: Metrics). Neither key set: off."""
+
+    listen: str | None = Field(
+        None,
+        description='Serve /metrics on host:port, e.g. "127.0.0.1:9108"; an address beyond loopback only when '
+        "you name one.",
+    )
+    textfile: Path | None = Field(
+        None, description="Also write them to this .prom file for node_exporter's textfile collector."
+    )
+    textfile_interval_s: float = Field(15.0, gt=0, description="How often the textfile is written.")
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is not None:
+            host, sep, port = value.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"expected host:port, like 127.0.0.1:9108, got {value!r}")
+        return value
+
+
 class Config(Strict):
     """The whole daemon configuration."""
 
@@ -83,6 +106,7 @@ class Config(Strict):
     control: ControlConfig | None = Field(
         None, description="Remote control over MQTT with signed commands (README: Fleet). Absent: off."
     )
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     pipelines: list[PipelineConfig] = Field(min_length=1, description="At least one; names unique.")
 
     @field_validator("state_dir")

@@ -16,12 +16,14 @@ from typing import Any
 from edged import __version__
 from edged.config import Config
 from edged.core.errors import EdgedError, ModelError, ProviderError
+from edged.core.histogram import Histogram
 from edged.core.stats import MqttStats, PipelineStats
 from edged.core.threads import Supervised
 from edged.core.waker import Waker
 from edged.model import engines
 from edged.model.session import CPU, TENSORRT, select_providers, share_cores, usable_cores
 from edged.ops.control import Controller
+from edged.ops.metrics import MetricsServer, TextfileWriter, start_metrics
 from edged.ops.reload import Reloader
 from edged.ops.statelock import StateLock
 from edged.ops.status import StatusServer
@@ -89,6 +91,7 @@ class Daemon:
         self.status_server: StatusServer | None = None
         self.state_lock: StateLock | None = None
         self.controller: Controller | None = None
+        self.metrics: list[MetricsServer | TextfileWriter] = []
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -103,6 +106,7 @@ class Daemon:
             self.spool.start()
             self.status_server = StatusServer(cfg.status_socket, self.snapshot, cfg.status.mode)
             self.status_server.start()
+            self.metrics = start_metrics(cfg.metrics, self.snapshot, self.histograms)
             if cfg.mqtt.enabled:  # secrets are read here: a bad key file stops edged before the models load
                 self.publisher = Publisher(cfg.mqtt, cfg.device_id, self.spool, self.mqtt_stats, self.snapshot)
                 self._wire_control()
@@ -189,6 +193,8 @@ class Daemon:
         return models
 
     def _close_partial(self, spool_timeout: float = 30.0) -> None:
+        for part in self.metrics:
+            part.stop()
         server, self.status_server = self.status_server, None
         if server is not None:
             server.stop()
@@ -335,7 +341,7 @@ class Daemon:
         for runner in self.pipelines:
             out += runner.deaths()
         # the daemon's own threads live as long as it runs: one that ended died, with or without a cause
-        owned = (self.publisher, self.status_server, self.reloader, self.controller)
+        owned = (self.publisher, self.status_server, self.reloader, self.controller, *self.metrics)
         threads: list[Supervised] = [t for t in owned if t is not None]
         if self.spool is not None and self.spool.writer is not None:
             threads.append(self.spool.writer)
@@ -363,6 +369,14 @@ class Daemon:
         stalled = self.mqtt_stats.ack_stalled_s()
         if stalled > ACK_STALL_S and int(spool.get("depth", 0)) > 0:
             out.append(f"the broker acknowledged nothing for {stalled:.0f} s with {spool['depth']} results waiting")
+        return out
+
+    def histograms(self) -> dict[str, dict[str, Histogram]]:
+        """Latency histograms per pipeline: its stages, and `e2e` (capture to PUBACK), for /metrics."""
+        e2e = self.mqtt_stats.e2e_histograms()
+        out = {runner.name: runner.stats.histograms() for runner in self.pipelines}
+        for name, hist in e2e.items():
+            out.setdefault(name, {})["e2e"] = hist
         return out
 
     def snapshot(self) -> dict[str, Any]:

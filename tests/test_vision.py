@@ -162,8 +162,10 @@ def test_a_pipeline_attaches_the_second_models_results_and_times_them(tmp_path: 
         assert "secondary" in m["latency_ms"]
         for obj in truth["objects"]:
             box = obj["boxes"].get(str(m["frame"]))
+            if box is None or box[0] < 0 or box[2] > vision_scene.WIDTH:
+                continue  # half out of the picture: its mark is not drawn
             for d in m["result"]["detections"]:
-                if box is not None and iou(np.asarray([box], float), np.asarray([d["box"]], float))[0, 0] >= 0.5:
+                if iou(np.asarray([box], float), np.asarray([d["box"]], float))[0, 0] >= 0.5:
                     assert d["secondary"]["mark"]["top"][0]["label"] == obj["mark"], (m["frame"], obj["id"])
                     checked += 1
     assert checked > 50

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from edged.core.histogram import Histogram
+
 WINDOW = 512  # latency samples kept per stage
 
 
@@ -47,6 +49,7 @@ class PipelineStats:
     progress_mono: float = field(default_factory=time.monotonic)
     _stamps: deque[float] = field(default_factory=lambda: deque(maxlen=64), repr=False)
     _event_stamps: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=4096), repr=False)
+    _hist: dict[str, Histogram] = field(default_factory=dict, repr=False)  # per stage, seconds (for /metrics)
     _lat: dict[str, deque[float]] = field(
         default_factory=lambda: {k: deque(maxlen=WINDOW) for k in ("pre", "infer", "post", "total")},
         repr=False,
@@ -92,11 +95,17 @@ class PipelineStats:
             self.frames += 1
             self.progress_mono = now
             self._stamps.append(now)
-            for key, value in (("pre", pre_ms), ("infer", infer_ms), ("post", post_ms)):
-                self._lat[key].append(value)
-            if secondary_ms is not None:
-                self._lat.setdefault("secondary", deque(maxlen=WINDOW)).append(secondary_ms)
+            stages = [("pre", pre_ms), ("infer", infer_ms), ("post", post_ms)]
+            stages += [("secondary", secondary_ms)] if secondary_ms is not None else []
+            for key, value in stages:
+                self._lat.setdefault(key, deque(maxlen=WINDOW)).append(value)
+                self._hist.setdefault(key, Histogram()).observe(value / 1e3)
             self._lat["total"].append(pre_ms + infer_ms + post_ms + (secondary_ms or 0.0))
+
+    def histograms(self) -> dict[str, Histogram]:
+        """Copies of the stage latency histograms (seconds)."""
+        with self.lock:
+            return {k: h.copy() for k, h in self._hist.items()}
 
     def touch(self) -> None:
         """Record progress that is not a result (the model finished loading, a reload)."""
@@ -196,6 +205,7 @@ class MqttStats:
     last_ack_mono: float | None = None  # when the broker last acknowledged a result
     _acks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=256), repr=False)
     _e2e: dict[str, deque[float]] = field(default_factory=dict, repr=False)  # capture -> PUBACK, ms
+    _e2e_hist: dict[str, Histogram] = field(default_factory=dict, repr=False)  # the same, seconds (for /metrics)
 
     def count_published(self, n: int, e2e: list[tuple[str, float]] | None = None) -> None:
         """`n` results were acknowledged by the broker; `e2e`: (pipeline, capture to PUBACK in ms) of each."""
@@ -211,11 +221,17 @@ class MqttStats:
                 if window is None:
                     window = self._e2e[pipeline] = deque(maxlen=WINDOW)
                 window.append(ms)
+                self._e2e_hist.setdefault(pipeline, Histogram()).observe(ms / 1e3)
 
     def e2e(self, pipeline: str) -> dict[str, float]:
         """Capture-to-PUBACK latency of a pipeline's recent results: p50/p95/p99 in ms."""
         with self.lock:
             return percentiles(self._e2e.get(pipeline, deque()))
+
+    def e2e_histograms(self) -> dict[str, Histogram]:
+        """Copies of the capture-to-PUBACK histograms per pipeline (seconds)."""
+        with self.lock:
+            return {k: h.copy() for k, h in self._e2e_hist.items()}
 
     def ack_stalled_s(self) -> float:
         """Seconds the current connection has gone without an acknowledgement (0 when not connected)."""
