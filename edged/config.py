@@ -27,6 +27,7 @@ from edged.pipeline.publish import PUBLISH_FILTERS
 from edged.pipeline.settings import PipelineConfig
 from edged.store.settings import SpoolConfig
 from edged.uplink.controlsettings import ControlConfig
+from edged.uplink.homeassistant import HomeAssistantConfig
 from edged.uplink.settings import MqttConfig
 
 
@@ -107,6 +108,7 @@ class Config(Strict):
         None, description="Remote control over MQTT with signed commands (README: Fleet). Absent: off."
     )
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    homeassistant: HomeAssistantConfig = Field(default_factory=HomeAssistantConfig)
     pipelines: list[PipelineConfig] = Field(min_length=1, description="At least one; names unique.")
 
     @field_validator("state_dir")

@@ -34,6 +34,8 @@ from edged.pipeline.runner import PipelineRunner
 from edged.pipeline.settings import PipelineConfig
 from edged.pipeline.worker import ResultHook
 from edged.store.spool import Spool
+from edged.uplink.homeassistant import STATE_FILE as HA_STATE_FILE
+from edged.uplink.homeassistant import Discovery
 from edged.uplink.publisher import Publisher, topic_for
 
 log = logging.getLogger(__name__)
@@ -110,6 +112,7 @@ class Daemon:
             if cfg.mqtt.enabled:  # secrets are read here: a bad key file stops edged before the models load
                 self.publisher = Publisher(cfg.mqtt, cfg.device_id, self.spool, self.mqtt_stats, self.snapshot)
                 self._wire_control()
+                self._wire_homeassistant()
             models = self._load_models()
         except EdgedError:
             self.publisher = None
@@ -130,6 +133,21 @@ class Daemon:
             len(self.pipelines),
             cfg.status_socket,
         )
+
+    def _wire_homeassistant(self) -> None:
+        """Home Assistant discovery on each connection; also when it was turned off, to remove the entities."""
+        cfg = self.config
+        if self.publisher is None or not (cfg.homeassistant.enabled or (cfg.state_dir / HA_STATE_FILE).exists()):
+            return
+        discovery = Discovery(
+            cfg.homeassistant,
+            device_id=cfg.device_id,
+            pipelines=cfg.pipelines,
+            results_topic={p.name: topic_for(cfg.mqtt.topic, cfg.device_id, p.name) for p in cfg.pipelines},
+            stats_topic=topic_for(cfg.mqtt.stats_topic, cfg.device_id),
+            availability_topic=topic_for(cfg.mqtt.availability_topic, cfg.device_id),
+        )
+        self.publisher.announce = lambda: discovery.messages(cfg.state_dir)
 
     def _wire_control(self) -> None:
         """Remote control (off unless `control:` is configured) rides on the publisher's connection."""

@@ -29,7 +29,7 @@ from edged.pipeline.runner import PipelineRunner
 log = logging.getLogger(__name__)
 
 MODEL_POLL_S = 5.0
-RESTART_KEYS = ("device_id", "state_dir", "mqtt", "spool", "status", "control", "metrics")
+RESTART_KEYS = ("device_id", "state_dir", "mqtt", "spool", "status", "control", "metrics", "homeassistant")
 
 
 class Reloadable(Protocol):

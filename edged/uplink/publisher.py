@@ -118,6 +118,7 @@ class Publisher(Supervised):
         self._spread = random.Random()  # noqa: S311  (jitter, not cryptography)
         self._spreading = False  # retrying after a lost connection (see retry_delay)
         self.control: ControlLink | None = None
+        self.announce: Callable[[], list[tuple[str, bytes]]] | None = None  # retained, on every connection
         self.side = SideChannel(self._wake.set)  # command replies, events, the retained state
         spool.on_change(self._wake.set)
         with stats.lock:
@@ -226,6 +227,8 @@ class Publisher(Supervised):
         self._seen_changes = -1
         self._next_stats = 0.0
         conn.client.publish(self.availability_topic, "online", qos=1, retain=True)
+        for topic, payload in self.announce() if self.announce is not None else ():  # Home Assistant discovery
+            conn.client.publish(topic, payload, qos=1, retain=True)
         if self.control is not None:
             _, conn.command_mid = conn.client.subscribe([(t, 1) for t in self.control.topics()])
             self.control.connected()
