@@ -174,7 +174,7 @@ def test_pydeps_leaves_out_what_the_platform_provides(tmp_path: Path) -> None:
     jetson = pydeps(stand_in_system(tmp_path / "jetson", "onnxruntime", "cv2", "numpy"))
     assert jetson.returncode == 0, jetson.stderr
     from_pypi = [r.split(">")[0] for r in jetson.stdout.split()]
-    assert from_pypi == ["paho-mqtt", "pyyaml", "pydantic", "rich", "cryptography"]
+    assert from_pypi == ["paho-mqtt", "pyyaml", "pydantic", "rich", "cryptography", "prometheus-client"]
 
 
 @pytest.mark.integration
