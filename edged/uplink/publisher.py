@@ -68,7 +68,7 @@ class _Conn:
     thread: threading.Thread | None = None  # that thread
     since: float = 0.0
     blamed: bool = False  # it dropped over a message (refused, counted): reconnect without escalating
-    command_mid: int | None = None  # the SUBSCRIBE of the command topics, until the broker grants it
+    commands_asked: bool = False  # the command topics' SUBSCRIBE went out (the first on the connection)
 
 
 def stop_network_thread(client: paho.Client, thread: threading.Thread | None, timeout: float = 10.0) -> None:
@@ -194,7 +194,7 @@ class Publisher(Supervised):
         client.on_disconnect = lambda _c, _u, _f, rc, _p: self._on_disconnect(conn, rc)
         client.on_publish = lambda _c, _u, mid, rc, _p: self._on_publish(mid, rc)
         client.on_message = lambda _c, _u, msg: self._on_message(msg)
-        client.on_subscribe = lambda _c, _u, mid, _rc, _p: self._on_subscribe(conn, mid)
+        client.on_subscribe = lambda _c, _u, _mid, reasons, _p: self._on_subscribe(conn, reasons)
         try:
             client.connect(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive_s)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: no plaintext fallback, ever
@@ -230,7 +230,9 @@ class Publisher(Supervised):
         for topic, payload in self.announce() if self.announce is not None else ():  # Home Assistant discovery
             conn.client.publish(topic, payload, qos=1, retain=True)
         if self.control is not None:
-            _, conn.command_mid = conn.client.subscribe([(t, 1) for t in self.control.topics()])
+            # flagged before the call: paho's thread may handle the SUBACK before subscribe() returns
+            conn.commands_asked = True
+            conn.client.subscribe([(t, 1) for t in self.control.topics()])
             self.control.connected()
         while conn.connected:
             self._wake.clear()  # before the work: a wake-up during it is not lost
@@ -356,9 +358,14 @@ class Publisher(Supervised):
             self.stats.connected_mono = time.monotonic()
         self._wake.set()
 
-    def _on_subscribe(self, conn: _Conn, mid: int) -> None:
-        if self.control is not None and mid == conn.command_mid:
-            self.control.listening(True)  # status tells when commands can arrive
+    def _on_subscribe(self, conn: _Conn, reasons: list[Any]) -> None:
+        # the first SUBACK of a connection is the command topics' (a rollout's chunk subscriptions come later)
+        if self.control is not None and conn.commands_asked:
+            conn.commands_asked = False
+            granted = not any(getattr(r, "is_failure", False) for r in reasons)
+            self.control.listening(granted)  # status tells when commands can arrive
+            if not granted:
+                log.error("mqtt: the broker refused the subscription to the command topics: %s", reasons)
 
     def _on_disconnect(self, conn: _Conn, reason: Any) -> None:
         if self.control is not None:
