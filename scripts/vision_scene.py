@@ -156,6 +156,17 @@ def write_scene(out: Path, objects: int, seconds: float) -> tuple[Path, Path]:
     return video, path
 
 
+def _save(graph: onnx.GraphProto, path: Path, spec: PreprocessSpec, labels: list[str]) -> Path:
+    """The model with edged's metadata (its preprocessing, name and labels), checked and written."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    meta = {"edged.preprocess": spec.to_metadata(), "edged.name": graph.name, "edged.labels": json.dumps(labels)}
+    helper.set_model_props(model, meta)
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
 def _conv(name: str, x: str, w: npt.NDArray[np.float32], inits: list[onnx.TensorProto], **attrs: Any) -> onnx.NodeProto:
     inits.append(numpy_helper.from_array(w.astype(np.float32), f"{name}_w"))
     return helper.make_node("Conv", [x, f"{name}_w"], [name], **attrs)
@@ -211,16 +222,7 @@ def make_detector(path: Path) -> Path:
         [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, 4 + len(LABELS), n])],
         initializer=inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    spec = PreprocessSpec(size=(INPUT, INPUT), resize="letterbox", color="rgb", layout="nchw", dtype="float32")
-    helper.set_model_props(
-        model,
-        {"edged.preprocess": spec.to_metadata(), "edged.name": "scene-detector", "edged.labels": json.dumps(LABELS)},
-    )
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
+    return _save(graph, path, PreprocessSpec(size=(INPUT, INPUT), resize="letterbox"), LABELS)
 
 
 def make_mark_model(path: Path, batch: int | str = "batch") -> Path:
@@ -252,16 +254,7 @@ def make_mark_model(path: Path, batch: int | str = "batch") -> Path:
         [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [batch, len(MARKS)])],
         initializer=inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    spec = PreprocessSpec(size=(CROP, CROP), resize="stretch", color="rgb", layout="nchw", dtype="float32")
-    helper.set_model_props(
-        model,
-        {"edged.preprocess": spec.to_metadata(), "edged.name": "scene-marks", "edged.labels": json.dumps(MARKS)},
-    )
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
+    return _save(graph, path, PreprocessSpec(size=(CROP, CROP), resize="stretch"), MARKS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import http.server
 import logging
-import selectors
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -31,6 +30,7 @@ from edged.core.errors import EdgedError
 from edged.core.histogram import Histogram
 from edged.core.threads import Supervised
 from edged.core.waker import Waker
+from edged.ops.status import accept_until_halted
 
 log = logging.getLogger(__name__)
 
@@ -240,23 +240,14 @@ class MetricsServer(Supervised):
 
     def body(self) -> None:
         """Serve until stopped, asleep in select() between scrapes."""
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._sock, selectors.EVENT_READ)
-            sel.register(self._wake, selectors.EVENT_READ)
-            while not self._halt.is_set():
-                ready = {key.fileobj for key, _ in sel.select()}
-                if self._halt.is_set() or self._wake in ready:
-                    break
-                try:
-                    conn, addr = self._sock.accept()
-                except (BlockingIOError, InterruptedError):
-                    continue
-                with conn:
-                    conn.settimeout(CLIENT_TIMEOUT_S)
-                    try:
-                        self._handler(conn, addr, self)
-                    except OSError as exc:  # a scraper that went away or stalled
-                        log.debug("metrics: client %s: %s", addr, exc)
+        accept_until_halted(self._sock, self._wake, self._halt, self._serve)
+
+    def _serve(self, conn: socket.socket, addr: Any) -> None:
+        conn.settimeout(CLIENT_TIMEOUT_S)
+        try:
+            self._handler(conn, addr, self)
+        except OSError as exc:  # a scraper that went away or stalled
+            log.debug("metrics: client %s: %s", addr, exc)
 
     def stop(self, timeout: float = 5.0) -> None:
         """End the thread and close the socket."""

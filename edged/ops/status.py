@@ -26,6 +26,30 @@ CLIENT_DEADLINE_S = 2.0  # the most one status client can hold the status thread
 CLIENT_READ_MAX = 1 << 20  # bytes read from a client before closing on it (it sends nothing that matters)
 
 
+def accept_until_halted(
+    sock: socket.socket, wake: Waker, halt: threading.Event, handle: Callable[[socket.socket, Any], None]
+) -> None:
+    """One connection at a time to `handle` (closed after it), asleep in select() until a client connects
+    or `wake` is poked with `halt` set. `sock` is a listening, non-blocking socket."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(sock, selectors.EVENT_READ)
+        sel.register(wake, selectors.EVENT_READ)
+        while not halt.is_set():
+            ready = {key.fileobj for key, _ in sel.select()}
+            if halt.is_set() or wake in ready:
+                break
+            try:
+                conn, addr = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                continue  # the client gave up between select and accept
+            except OSError:
+                if halt.is_set():
+                    break
+                raise
+            with conn:
+                handle(conn, addr)
+
+
 class StatusServer(Supervised):
     """Answers every connection on a Unix socket with one JSON snapshot, then closes it."""
 
@@ -67,23 +91,7 @@ class StatusServer(Supervised):
 
     def body(self) -> None:
         """Serve until stopped: asleep in select() until a client connects or `stop` pokes the waker."""
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._sock, selectors.EVENT_READ)
-            sel.register(self._wake, selectors.EVENT_READ)
-            while not self._halt.is_set():
-                ready = {key.fileobj for key, _ in sel.select()}
-                if self._halt.is_set() or self._wake in ready:
-                    break
-                try:
-                    conn, _ = self._sock.accept()
-                except (BlockingIOError, InterruptedError):
-                    continue  # the client gave up between select and accept
-                except OSError:
-                    if self._halt.is_set():
-                        break
-                    raise
-                with conn:
-                    self._answer(conn)
+        accept_until_halted(self._sock, self._wake, self._halt, lambda conn, _addr: self._answer(conn))
 
     def _answer(self, conn: socket.socket) -> None:
         """One snapshot to one client, within CLIENT_DEADLINE_S whatever the client does (a client that reads

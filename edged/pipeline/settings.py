@@ -72,21 +72,13 @@ class PipelineConfig(Strict):
         source = info.data.get("source")
         if value.enabled and isinstance(source, SensorSourceConfig):
             raise ValueError("motion gating needs images; a sensor source has none")
-        frame = declared_frame(info.data.get("frame_size"), source)
-        for i, points in enumerate(value.mask):
-            problem = polygon_problem(points, frame)
-            if problem:
-                raise ValueError(f"mask {i + 1}: {problem}")
+        check_masks(value.mask, declared_frame(info.data.get("frame_size"), source))
         return value
 
     @field_validator("masks")
     @classmethod
     def _masks_fit(cls, value: list[list[Point]], info: ValidationInfo) -> list[list[Point]]:
-        frame = declared_frame(info.data.get("frame_size"), info.data.get("source"))
-        for i, points in enumerate(value):
-            problem = polygon_problem(points, frame)
-            if problem:
-                raise ValueError(f"mask {i + 1}: {problem}")
+        check_masks(value, declared_frame(info.data.get("frame_size"), info.data.get("source")))
         return value
 
     @field_validator("zones")
@@ -129,6 +121,14 @@ class PipelineConfig(Strict):
                 "channels, layout, normalize, mean and std"
             )
         return self
+
+
+def check_masks(masks: list[list[Point]], frame: tuple[int, int] | None) -> None:
+    """ValueError naming the first mask polygon that does not fit the frame."""
+    for i, points in enumerate(masks):
+        problem = polygon_problem(points, frame)
+        if problem:
+            raise ValueError(f"mask {i + 1}: {problem}")
 
 
 def declared_frame(frame_size: tuple[int, int] | None, source: object) -> tuple[int, int] | None:
