@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import select
@@ -15,6 +16,7 @@ from typing import Any
 
 from edged import __version__
 from edged.config import Config
+from edged.core.durable import make_dirs
 from edged.core.errors import EdgedError, ModelError, ProviderError
 from edged.core.histogram import Histogram
 from edged.core.stats import MqttStats, PipelineStats
@@ -29,10 +31,12 @@ from edged.ops.statelock import StateLock
 from edged.ops.status import StatusServer
 from edged.ops.systemd import notify, watchdog_interval
 from edged.pipeline.frametap import FrameTap
+from edged.pipeline.message import gap_message
 from edged.pipeline.model import Model, load_pipeline_model
 from edged.pipeline.runner import PipelineRunner
 from edged.pipeline.settings import PipelineConfig
 from edged.pipeline.worker import ResultHook
+from edged.store.seqlease import SeqGap
 from edged.store.spool import Spool
 from edged.uplink.homeassistant import STATE_FILE as HA_STATE_FILE
 from edged.uplink.homeassistant import Discovery
@@ -100,11 +104,12 @@ class Daemon:
     def start(self) -> None:
         """Open the spool, load and warm up every model, then start the threads and report READY."""
         cfg = self.config
-        cfg.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        make_dirs(cfg.state_dir, 0o750)  # durably: the spool's folder must outlive a cut at the first start
         self._wake = Waker()
         try:
             self.state_lock = StateLock(cfg.state_dir)  # before anything is opened: one daemon per state_dir
             self.spool = Spool(cfg.state_dir / "spool.db", cfg.spool, dead_letter_after=cfg.mqtt.dead_letter_after)
+            self.spool.announce_gaps(self._gap_message)
             self.spool.start()
             self.status_server = StatusServer(cfg.status_socket, self.snapshot, cfg.status.mode)
             self.status_server.start()
@@ -372,6 +377,15 @@ class Daemon:
         out += self._spool_reasons(spool)
         return out
 
+    def _gap_message(self, gap: SeqGap) -> tuple[str, bytes]:
+        """The topic and payload announcing a seq gap left by an unclean stop."""
+        pipeline = gap.pipeline.partition("/")[0]
+        body = gap_message(
+            self.config.device_id, gap.pipeline, first=gap.first, last=gap.last, used_to=gap.used_to, ts=time.time()
+        )
+        topic = topic_for(self.config.mqtt.gaps_topic, self.config.device_id, pipeline)
+        return topic, json.dumps(body, separators=(",", ":")).encode()
+
     def _spool_reasons(self, spool: dict[str, Any]) -> list[str]:
         out = []
         if spool.get("error"):
@@ -384,6 +398,11 @@ class Daemon:
         recent = dropped - self._drops[0][1]
         if recent > 0:
             out.append(f"{recent} result(s) dropped in the last {DROP_WINDOW_S:.0f} s (see spool.dropped_by_reason)")
+        gaps = [g for g in spool.get("seq_gaps") or () if time.time() - float(g.get("ts", 0)) < DROP_WINDOW_S]
+        if gaps:  # not drops: each seq was sent before the stop, lost with it, or never used; nobody knows which
+            where = ", ".join(f"{g['pipeline']} {g['first']}..{g['last']}" for g in gaps[:2])
+            n = sum(int(g["last"]) - int(g["first"]) + 1 for g in gaps)
+            out.append(f"unclean stop: {n} seq(s) uncertain ({where}; see spool.seq_gaps)")
         stalled = self.mqtt_stats.ack_stalled_s()
         if stalled > ACK_STALL_S and int(spool.get("depth", 0)) > 0:
             out.append(f"the broker acknowledged nothing for {stalled:.0f} s with {spool['depth']} results waiting")

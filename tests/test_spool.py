@@ -369,7 +369,9 @@ def test_a_crash_between_publish_and_commit_never_reuses_a_seq(tmp_path: Path) -
     assert again.next_seq("a") > 5  # 1..5 reached the broker: none of them is handed out again
     (gap,) = again.stats()["seq_gaps"]
     assert gap["first"] == 1
-    assert again.stats()["dropped_by_reason"]["unclean_stop"] == gap["last"] - gap["first"] + 1
+    # uncertain, not dropped: 1..5 were delivered, the rest of the lease never used; nobody can tell which
+    assert again.stats()["uncertain"] == gap["last"] - gap["first"] + 1
+    assert "unclean_stop" not in again.stats()["dropped_by_reason"]
     again.close()
     clean = Spool(db)  # after a clean stop numbering goes on without a gap
     last = clean.next_seq("a")

@@ -18,6 +18,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from edged.core.durable import fsync_dir
 from edged.core.errors import CommandError, SecretError
 from edged.core.secrets import check_private
 
@@ -57,6 +58,9 @@ def generate_key(path: Path) -> str:
         raise SecretError(f"{path} exists; not overwriting a key") from exc
     with os.fdopen(fd, "wb") as out:
         out.write(pem)
+        out.flush()
+        os.fsync(out.fileno())  # a key the operator copied the public line of must not vanish in a cut
+    fsync_dir(path.parent)
     return public_key_text(key.public_key())
 
 

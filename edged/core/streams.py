@@ -4,6 +4,7 @@ own topic, keyed "<pipeline>/events" in the spool, in stats messages and in the 
 from __future__ import annotations
 
 EVENTS = "events"  # the `stream` field of an event message
+RESULTS = "results"  # the `stream` a gap message names for a pipeline's results
 
 
 def events_key(pipeline: str) -> str:

@@ -41,6 +41,7 @@ class LoadedModel:
     metadata: dict[str, str] = field(default_factory=dict)
     int8: bool = False  # holds quantized operators
     concurrency: int = 1  # runs the pipeline may make at once
+    engine_dir: Path | None = None  # TensorRT's engine cache, sealed after the warm-up built the engines
 
     @property
     def provider(self) -> str:
@@ -260,6 +261,7 @@ def load_model(cfg: ModelConfig, state_dir: Path, *, cores: int | None = None) -
         metadata=metadata,
         int8=is_quantized(path),
         concurrency=concurrency,
+        engine_dir=trtcache.engine_dir(cfg, state_dir, sha) if used[0] == TENSORRT else None,
     )
 
 
@@ -272,3 +274,5 @@ def warm_up(model: LoadedModel, tensor_shape: tuple[int, ...], runs: int) -> Non
             model.run(blank)
     except Exception as exc:
         raise ModelError(f"model {model.path.name} failed its warm-up run: {exc}") from exc
+    if model.engine_dir is not None and runs:
+        trtcache.seal(model.engine_dir)

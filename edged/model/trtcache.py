@@ -6,7 +6,10 @@ wrong one: each combination of model file, TensorRT version and precision gets i
 
     <state_dir>/trt-cache/<sha256[:16]>-trt<version>-<fp16|int8|fp32...>/
 
-with a manifest (`edged-engine.json`) naming the full key. A changed model, a TensorRT upgrade (JetPack
+with a manifest (`edged-engine.json`) naming the full key, written atomically (`durable.write_atomic`)
+only once the engine files are fsync'd (`seal`, after warm-up built them): ONNX Runtime writes its engines
+without fsync, so an engine in a folder with no sealed manifest may be torn by a power cut and is removed
+before use, never handed to TensorRT. A changed model, a TensorRT upgrade (JetPack
 update) or other precision flags give another directory, so a stale engine is never loaded; the old
 directories are removed by `cleanup` once the current ones are in place. A directory whose manifest does
 not match its name (a sha prefix collision, a hand-copied folder) is emptied before use.
@@ -18,10 +21,12 @@ import ctypes
 import functools
 import json
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
 
+from edged.core.durable import fsync_dir, make_dirs, read_json, write_atomic
 from edged.model.settings import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -85,21 +90,35 @@ def _manifest(cfg: ModelConfig, sha256: str) -> dict[str, object]:
 
 
 def prepare_dir(cfg: ModelConfig, state_dir: Path, sha256: str) -> Path:
-    """Create the directory (or empty one whose manifest says it holds something else) and return it."""
+    """Create the directory (or empty one whose manifest is not this key's, sealed) and return it."""
     path = engine_dir(cfg, state_dir, sha256)
     want = _manifest(cfg, sha256)
-    manifest = path / MANIFEST
     if path.is_dir():
-        try:
-            have = json.loads(manifest.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            have = None
-        if have != want and any(path.iterdir()):
-            log.warning("TensorRT cache %s belongs to another model or build (%s); rebuilding", path, have)
+        have = read_json(path / MANIFEST, "TensorRT cache")
+        if have != {**want, "sealed": True} and any(path.iterdir()):
+            why = "was not sealed (a power cut while it was built?)" if have == want else f"belongs to {have}"
+            log.warning("TensorRT cache %s %s; rebuilding", path, why)
             shutil.rmtree(path)
-    path.mkdir(parents=True, exist_ok=True)
-    manifest.write_text(json.dumps(want, sort_keys=True), encoding="utf-8")
+    make_dirs(path)
+    write_atomic(path / MANIFEST, json.dumps(want, sort_keys=True).encode("utf-8"), mode=0o640)
     return path
+
+
+def seal(path: Path) -> None:
+    """The engines ONNX Runtime built in `path` are complete: fsync them, then mark the manifest sealed."""
+    manifest = read_json(path / MANIFEST, "TensorRT cache")
+    if not isinstance(manifest, dict) or manifest.get("sealed"):
+        return
+    for item in path.iterdir():
+        if item.is_file() and item.name != MANIFEST:
+            fd = os.open(item, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fsync_dir(path)
+    sealed = {**manifest, "sealed": True}
+    write_atomic(path / MANIFEST, json.dumps(sealed, sort_keys=True).encode("utf-8"), mode=0o640)
 
 
 def has_engine(path: Path) -> bool:

@@ -261,7 +261,11 @@ class MetricsServer(Supervised):
 
 class TextfileWriter(Supervised):
     """Writes the metrics to `path` (atomically: the library writes a temporary file and renames it)
-    every `interval_s`, and once more on stop; for node_exporter's textfile collector."""
+    every `interval_s`, and once more on stop; for node_exporter's textfile collector.
+
+    Not fsync'd on purpose: after a power cut the file may be the previous one, or empty (node_exporter
+    reads an empty file as no metrics), and it is written again within `interval_s`: its loss is harmless,
+    and an fsync every few seconds would wear the flash for nothing."""
 
     def __init__(self, path: Path, registry: CollectorRegistry, interval_s: float) -> None:
         super().__init__("edged-metrics-textfile")

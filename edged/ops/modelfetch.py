@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from edged.core.durable import commit, make_dirs
 from edged.core.errors import CommandError
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ def file_sha256(path: Path) -> str:
 
 def _write_verified(folder: Path, sha256: str, max_bytes: int, fill: Callable[[IO[bytes], int], None]) -> Path:
     """Let `fill` write into a temporary file (at most `max_bytes`), then check the hash and rename."""
-    folder.mkdir(mode=0o750, parents=True, exist_ok=True)
+    make_dirs(folder, 0o750)
     fd, name = tempfile.mkstemp(dir=folder, prefix=".fetch-", suffix=".part")
     tmp = Path(name)
     try:
@@ -58,7 +59,7 @@ def _write_verified(folder: Path, sha256: str, max_bytes: int, fill: Callable[[I
             raise CommandError("hash_mismatch", f"the model fetched has sha256 {got[:16]}..., not {sha256[:16]}...")
         tmp.chmod(0o640)
         target = model_path(folder, sha256)
-        tmp.replace(target)
+        commit(tmp, target)  # durable before the config names it: a cut never leaves a config on an empty file
         return target
     finally:
         tmp.unlink(missing_ok=True)

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from edged.config import load_config
+from edged.core.durable import commit, write_atomic
 from edged.core.errors import CommandError, ConfigError
 
 
@@ -69,9 +70,13 @@ def apply_remote_config(path: Path, patch: dict[str, Any], *, replace: bool) -> 
         except ConfigError as exc:
             problems = [p.replace(str(tmp), "<remote config>") for p in exc.problems]
             raise CommandError("invalid_config", "; ".join(problems)) from None
-        tmp.chmod(path.stat().st_mode & 0o777)
-        prev = path.with_name(path.name + ".prev")
-        prev.write_bytes(path.read_bytes())
-        tmp.replace(path)
+        mode = path.stat().st_mode & 0o777
+        tmp.chmod(mode)
+        # both durably (fsync, rename, folder fsync): after a power cut the file is the old config or the
+        # new one, whole, and `.prev` is the one before it, never a torn mix a restart would refuse
+        write_atomic(path.with_name(path.name + ".prev"), path.read_bytes(), mode=mode)
+        commit(tmp, path)
+    except OSError as exc:
+        raise CommandError("failed", f"cannot write {path}: {exc.strerror or exc}") from exc
     finally:
         tmp.unlink(missing_ok=True)

@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 
 from edged import MESSAGE_VERSION
 from edged.capture.base import Frame
-from edged.core.streams import EVENTS
+from edged.core.streams import EVENTS, RESULTS
 from edged.model.session import LoadedModel
 
 
@@ -39,6 +39,21 @@ def event_message(  # noqa: PLR0917  (the message's parts)
         "frame": frame.index,
         "model": {"name": model.name, "sha256": model.sha256},
         "event": event,
+    }
+
+
+def gap_message(device_id: str, key: str, *, first: int, last: int, used_to: int, ts: float) -> dict[str, Any]:
+    """`{"v", "device", "pipeline", "stream", "ts", "gap"}`: seqs `first`..`last` of the seq stream `key`
+    (a pipeline's results, or `<pipeline>/events`) were skipped after an unclean stop. Each was delivered
+    before the stop, lost with it, or never used; `first`..`used_to` were certainly handed out."""
+    pipeline, _, stream = key.partition("/")
+    return {
+        "v": MESSAGE_VERSION,
+        "device": device_id,
+        "pipeline": pipeline,
+        "stream": stream or RESULTS,
+        "ts": round(ts, 3),
+        "gap": {"first": first, "last": last, "used_to": used_to, "reason": "unclean_stop"},
     }
 
 

@@ -65,6 +65,8 @@ class Snapshots:
         if not ok:
             log.warning("pipeline %s: could not encode snapshot for seq %d", self.pipeline, seq)
             return None
+        # renamed whole, not fsync'd: a picture lost or empty after a power cut is harmless (the result that
+        # names it is still delivered; a reader must expect a missing file, as after max_files turned over)
         tmp = path.with_suffix(".tmp")
         try:
             tmp.write_bytes(data.tobytes())

@@ -36,7 +36,10 @@ class Ballast:
             return False
 
     def ensure(self, reserve: int) -> bool:
-        """Make the ballast if there is room for it plus `reserve`; True when it is in place."""
+        """Make the ballast if there is room for it plus `reserve`; True when it is in place.
+
+        Not fsync'd: a ballast lost or short after a power cut is harmless, `present` sees it and the next
+        start makes it again."""
         if self.size <= 0 or self.present:
             return self.present
         if free_bytes(self.path.parent) < self.size + reserve:

@@ -13,7 +13,10 @@ class SpoolConfig(Strict):
     """The durable queue (SQLite, WAL) under state_dir."""
 
     sync: Literal["normal", "full"] = Field(
-        "normal", description="normal: survives a crash; full: fsync per commit, survives a power cut."
+        "full",
+        description="full: one fsync per group commit, so every result status calls stored survives a power "
+        "cut; normal: survives a crash of edged but a power cut can take back every commit since the last "
+        "checkpoint (saves one fsync per batch_ms while offline; for disks with power-loss protection).",
     )
     batch_max: int = Field(
         128, ge=1, le=10000, description="Commit once this many unacknowledged results wait in memory ..."

@@ -60,6 +60,7 @@ class _Counters:
     bytes: int = 0
     dead_letters: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
+    uncertain: int = 0  # seqs of unclean-stop gaps: sent before the stop, lost, or never used (not drops)
 
     def count(self, reason: str, rows: int) -> None:
         if rows:
@@ -117,13 +118,18 @@ class Spool:
         self._rconn = spooldb.connect(path, self.sync)
         self._rlock = threading.Lock()
         self.space = SpaceGuard(path, cfg)
-        self._n = _Counters(state["depth"], state["bytes"], state["dead_letters"], state["dropped"])
+        self._n = _Counters(state["depth"], state["bytes"], state["dead_letters"], state["dropped"], state["uncertain"])
         committed: dict[str, int] = state["seqs"]
         if self.recovered_from is not None:
             self._count_quarantined(self.recovered_from, committed)
-        self.seqs = SeqAllocator(_floor_path(path), committed)
+        # the settled marks are trusted across a power cut only when every commit is fsync'd
+        self.seqs = SeqAllocator(_floor_path(path), committed, self.settled if self.sync == "full" else None)
         self._gaps: list[dict[str, Any]] = state["gaps"]
+        self.new_gaps: list[SeqGap] = list(self.seqs.gaps)  # to announce (announce_gaps) before they settle
         self._note_gaps(self.seqs.gaps)
+        # per seq stream: the highest seq appended, and a cap while a gap is not announced yet
+        self._appended: dict[str, int] = self.seqs.last()
+        self._caps: dict[str, int] = {g.pipeline: g.first - 1 for g in self.seqs.gaps}
         self.outbox = Outbox(state["next_id"], dead_letter_after)
         self._clock_base = float(state["clock"])
         self._mono0 = time.monotonic()
@@ -193,11 +199,45 @@ class Spool:
 
     def _note_gaps(self, gaps: list[SeqGap]) -> None:
         for gap in gaps:
-            self._gaps.append({"pipeline": gap.pipeline, "first": gap.first, "last": gap.last, "ts": time.time()})
-            self._n.count("unclean_stop", gap.size)
+            self._gaps.append({"pipeline": gap.pipeline, "first": gap.first, "last": gap.last,
+                               "used_to": gap.used_to, "ts": time.time()})  # fmt: skip
+            # a gap declared again (a second cut before the first was announced) is counted once
+            overlap = sum(
+                max(0, min(int(g["last"]), gap.last) - max(int(g["first"]), gap.first) + 1)
+                for g in self._gaps[:-1]
+                if g["pipeline"] == gap.pipeline
+            )
+            self._n.uncertain += gap.size - overlap
         del self._gaps[:-GAPS_KEPT]
         if gaps:
             self._meta_dirty = True
+
+    def announce_gaps(self, message: Callable[[SeqGap], tuple[str, bytes]]) -> None:
+        """Spool one message per gap of this start (`message(gap)` gives its topic and payload), like a
+        result: the gap counts as settled only once its announcement is committed or acknowledged, so a
+        second cut before that declares it again."""
+        for gap in self.new_gaps:
+            topic, payload = message(gap)
+            self.append(gap.pipeline, gap.first, time.time(), topic, payload)
+        with self._cond:
+            for gap in self.new_gaps:
+                self._caps.pop(gap.pipeline, None)
+            self.new_gaps = []
+
+    def settled(self) -> dict[str, int]:
+        """Per seq stream, the highest seq up to which every seq is committed, acknowledged by the broker or
+        counted as dropped: what a crash cannot make uncertain."""
+        with self._cond:
+            return self._marks(self.outbox.pending.values())
+
+    def _marks(self, unsettled: Any) -> dict[str, int]:
+        marks = dict(self._appended)
+        for key, cap in self._caps.items():
+            marks[key] = min(marks.get(key, cap), cap)
+        for row in unsettled:
+            if row.seq - 1 < marks.get(row.pipeline, row.seq):
+                marks[row.pipeline] = row.seq - 1
+        return marks
 
     def clock(self) -> float:
         """The spool clock: seconds edged has been running, accumulated across restarts."""
@@ -236,6 +276,8 @@ class Spool:
                 raise SpoolError("spool is closed")
             row = Row(self.outbox.take_id(), pipeline, seq, ts, self.clock(), topic, payload)
             self.outbox.add(row)
+            if seq > self._appended.get(pipeline, 0):
+                self._appended[pipeline] = seq
             self._changes += 1
             if len(self.outbox.pending) == 1 or len(self.outbox.pending) >= self.batch_max:
                 self._cond.notify_all()  # the writer starts its timer, or the batch is full
@@ -343,6 +385,7 @@ class Spool:
                 "dropped": sum(n.dropped.values()),
                 "dropped_by_reason": dict(n.dropped),
                 "dead_letters": n.dead_letters,
+                "uncertain": n.uncertain,
                 "uncommitted": box.unacked_pending(),
                 "acked_before_commit": box.acked_pending,
                 "max_bytes": self.space.cap,
@@ -379,12 +422,14 @@ class Spool:
                     self._cond.wait(wait)
                 keep = set(self.outbox.acked)
                 batch = self.outbox.take_batch(self.batch_max)
+                # what this commit makes settled: rows after the batch stay pending (uncommitted)
+                marks = self._marks(r for i, r in self.outbox.pending.items() if i > self.outbox.writing_upto)
                 meta, self._meta_dirty = self._meta_dirty, False
                 self._due_since = time.monotonic() if self.outbox.has_due() else None
                 self._writing = bool(batch) or meta
                 done = self._closing and not self._writing
             if self._writing:
-                self._commit(batch, keep)
+                self._commit(batch, keep, marks)
             if done:
                 return
 
@@ -403,11 +448,11 @@ class Spool:
             return None
         return max(0.0, min(waits))
 
-    def _commit(self, batch: Batch, keep: set[int]) -> None:
+    def _commit(self, batch: Batch, keep: set[int], marks: dict[str, int]) -> None:
         delay = 0.1
         while True:
             try:
-                n = self._transaction(batch, keep)
+                n = self._transaction(batch, keep, marks)
                 break
             except sqlite3.Error as exc:
                 if self._wconn.in_transaction:
@@ -430,9 +475,9 @@ class Spool:
             self._changes += 1
             self._cond.notify_all()
 
-    def _transaction(self, batch: Batch, keep: set[int]) -> _Counters:
+    def _transaction(self, batch: Batch, keep: set[int], marks: dict[str, int]) -> _Counters:
         conn, clock = self._wconn, self.clock()
-        n = _Counters(self._n.depth, self._n.bytes, self._n.dead_letters, dict(self._n.dropped))
+        n = _Counters(self._n.depth, self._n.bytes, self._n.dead_letters, dict(self._n.dropped), self._n.uncertain)
         conn.execute("BEGIN IMMEDIATE")
         rows, size = spooldb.delete_ids(conn, batch.acks)
         n.depth, n.bytes = n.depth - rows, n.bytes - size
@@ -450,9 +495,16 @@ class Spool:
         spooldb.insert(conn, admitted)
         n.depth += len(admitted)
         n.bytes += sum(len(r.payload) for r in admitted)
-        spooldb.save_seqs(conn, self.seqs.last())  # dropped and acknowledged results' seqs too
+        spooldb.save_seqs(conn, marks)  # settled once this commits: stored, acknowledged or counted as dropped
         counts = [n.depth, n.bytes, n.dead_letters]
-        spooldb.save_meta(conn, {"clock": clock, "dropped": n.dropped, "counts": counts, "seq_gaps": self._gaps})
+        meta = {
+            "clock": clock,
+            "dropped": n.dropped,
+            "counts": counts,
+            "seq_gaps": self._gaps,
+            "uncertain": n.uncertain,
+        }
+        spooldb.save_meta(conn, meta)
         self._maybe_reclaim(conn, n.bytes)
         conn.execute("COMMIT")
         with self._cond:

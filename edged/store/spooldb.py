@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from edged.core.durable import fsync_dir, make_dirs
 from edged.core.errors import SpoolError
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,11 @@ class Row(NamedTuple):
 
 
 def connect(path: Path, sync: str, timeout: float = 30.0) -> sqlite3.Connection:
-    """Open (creating) the database in WAL mode with the schema; raises sqlite3.Error."""
+    """Open (creating) the database in WAL mode with the schema; raises sqlite3.Error.
+
+    `sync`: `full` fsyncs the WAL at every commit (one fsync per group commit: what is committed survives a
+    power cut); `normal` only at checkpoints (a power cut can take back every commit since the last one)."""
+    new = not path.exists()
     conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=timeout)
     # a new file gives deleted pages back to the filesystem on request (see reclaim): a drained backlog
     # must not keep the disk full (an existing file keeps its mode; VACUUM would rewrite it whole)
@@ -80,6 +85,10 @@ def connect(path: Path, sync: str, timeout: float = 30.0) -> sqlite3.Connection:
     conn.execute("PRAGMA journal_size_limit=4194304")
     conn.executescript(SCHEMA)
     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+    if new:
+        # SQLite fsyncs the WAL's folder when it creates the WAL, not the main file's: a cut right after the
+        # first start must not leave a WAL whose database file name was never made durable
+        fsync_dir(path.parent)
     return conn
 
 
@@ -94,7 +103,7 @@ def open_checked(
     recovery, where the damaged files were moved.
     """
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+        make_dirs(path.parent, 0o750)
     except OSError as exc:
         raise SpoolError(f"cannot create {path.parent}: {exc.strerror}; check that state_dir is writable") from exc
     problem = _check(path, sync, lock_wait_s) if path.exists() and check else None
@@ -162,6 +171,7 @@ def _move_aside(path: Path) -> Path:
         side = path.with_name(path.name + suffix)
         if side.exists():
             side.rename(target.with_name(target.name + suffix))
+    fsync_dir(path.parent)  # the fresh spool must not come back beside the damaged one's name after a cut
     return target
 
 
@@ -217,10 +227,20 @@ def load_state(conn: sqlite3.Connection) -> dict[str, Any]:
         "bytes": int(size),
         "dead_letters": int(dead),
         "clock": float(json.loads(meta.get("clock", "0"))),
-        "dropped": json.loads(meta.get("dropped", "{}")),
+        "dropped": _known_drops(json.loads(meta.get("dropped", "{}"))),
+        "uncertain": int(json.loads(meta.get("uncertain", "0"))) or _old_unclean(meta),
         "gaps": json.loads(meta.get("seq_gaps", "[]")),
         "next_id": max(int(t) for t in top_ids) + 1,
     }
+
+
+def _known_drops(dropped: dict[str, int]) -> dict[str, int]:
+    """Drops by reason, less `unclean_stop`: an older edged counted a gap's seqs there, which are uncertain."""
+    return {k: v for k, v in dropped.items() if k != "unclean_stop"}
+
+
+def _old_unclean(meta: dict[str, str]) -> int:
+    return int(json.loads(meta.get("dropped", "{}")).get("unclean_stop", 0))
 
 
 # -- the statements of one commit ------------------------------------------------------------------------
@@ -245,7 +265,8 @@ def insert_dead(conn: sqlite3.Connection, rows: list[tuple[Row, str]]) -> None:
 
 
 def save_seqs(conn: sqlite3.Connection, tops: dict[str, int]) -> None:
-    """Persist the highest seq handed out per pipeline (stored or dropped)."""
+    """Persist the settled mark per seq stream (every seq up to it stored, acknowledged or dropped); a mark
+    never goes back."""
     conn.executemany(
         "INSERT INTO seqs (pipeline, last) VALUES (?, ?) "
         "ON CONFLICT(pipeline) DO UPDATE SET last = MAX(last, excluded.last)",

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from edged.core.durable import read_json, write_atomic
 from edged.core.errors import CommandError
 from edged.core.signing import load_public_key, verify
 from edged.uplink.controlsettings import CommandName, ControlConfig
@@ -78,6 +79,7 @@ class CommandGate:
         self.counters = GateCounters()
         self._lock = threading.Lock()
         self._nonce_path = state_dir / "control-nonces.json"
+        self._refuse_before = 0.0  # set when the replay memory was lost: commands signed before are refused
         self._nonces = self._load_nonces()
         self._prefixes = {topic_for(cfg.cmd_topic, device_id): device_id}
         for group in cfg.groups:
@@ -158,24 +160,29 @@ class CommandGate:
                 self._nonces = {n: t for n, t in self._nonces.items() if t >= horizon}
             if nonce in self._nonces:
                 raise CommandError("replayed", "this nonce was used already")
+            if ts < self._refuse_before:
+                raise CommandError("replayed", "signed before the device lost its replay memory; sign it again")
             if len(self._nonces) >= NONCES_KEPT:
                 raise CommandError("busy", "too many commands within the window")
             self._nonces[nonce] = max(ts, now)
             self._save_nonces()
 
     def _load_nonces(self) -> dict[str, float]:
-        try:
-            data = json.loads(self._nonce_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        if not self._nonce_path.exists():
             return {}
-        except (OSError, ValueError) as exc:
+        data = read_json(self._nonce_path, "control nonces")  # written atomically; torn only by hand
+        if not isinstance(data, dict):
             # an unreadable file must not reopen the replay window silently: refuse until it ages out
-            log.warning("control: %s unreadable (%s); commands older than now are refused", self._nonce_path, exc)
+            log.warning("control: %s unreadable; commands older than now are refused", self._nonce_path)
+            self._refuse_before = time.time()
             return {}
         horizon = time.time() - self.cfg.max_age_s
-        return {str(n): float(t) for n, t in data.items() if float(t) >= horizon}
+        try:
+            return {str(n): float(t) for n, t in data.items() if float(t) >= horizon}
+        except (TypeError, ValueError):
+            self._refuse_before = time.time()
+            return {}
 
     def _save_nonces(self) -> None:
-        tmp = self._nonce_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._nonces), encoding="utf-8")
-        tmp.replace(self._nonce_path)
+        # fsync'd before the command runs: after a power cut a command already run is still a replay
+        write_atomic(self._nonce_path, json.dumps(self._nonces).encode("utf-8"))

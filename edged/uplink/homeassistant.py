@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import Field
 
 from edged import __version__
+from edged.core.durable import read_json, write_atomic
 from edged.core.settings import Strict
 from edged.pipeline.settings import PipelineConfig
 
@@ -179,16 +180,12 @@ class Discovery:
             [(t, json.dumps(c, separators=(",", ":")).encode()) for t, c in self.configs()] if self.cfg.enabled else []
         )
         path = state_dir / STATE_FILE
-        try:
-            before = set(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError):
-            before = set()
+        saved = read_json(path, "homeassistant")  # absent or torn: nothing to delete is remembered
+        before = {str(t) for t in saved} if isinstance(saved, list) else set()
         topics = {t for t, _ in current}
         gone = sorted(before - topics)
         try:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(sorted(topics)), encoding="utf-8")
-            tmp.replace(path)
+            write_atomic(path, json.dumps(sorted(topics)).encode("utf-8"), mode=0o640)
         except OSError as exc:
             log.warning("homeassistant: cannot remember the discovery topics in %s: %s", path, exc.strerror)
         if gone:

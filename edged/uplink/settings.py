@@ -73,6 +73,11 @@ class MqttConfig(Strict):
     events_topic: str = Field(
         "edged/{device_id}/{pipeline}/events", description="Track and zone events topic template (tracking on)."
     )
+    gaps_topic: str = Field(
+        "edged/{device_id}/{pipeline}/gaps",
+        description="Seq ranges skipped after an unclean stop (kill -9, power cut), spooled like results: "
+        "each seq in one was delivered before the stop, lost, or never used.",
+    )
     availability_topic: str = Field("edged/{device_id}/status", description="Retained online/offline.")
     max_inflight: int = Field(
         32,
@@ -105,7 +110,7 @@ class MqttConfig(Strict):
     stats_retain: bool = Field(True, description="Retain the stats message.")
     message_expiry: bool = Field(True, description="MQTT 5: messages expire when their spool TTL would.")
 
-    @field_validator("topic", "events_topic", "availability_topic", "stats_topic")
+    @field_validator("topic", "events_topic", "gaps_topic", "availability_topic", "stats_topic")
     @classmethod
     def _publishable_topic(cls, value: str) -> str:
         return check_topic_template(value)
