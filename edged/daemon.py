@@ -366,8 +366,8 @@ class Daemon:
         # the daemon's own threads live as long as it runs: one that ended died, with or without a cause
         owned = (self.publisher, self.status_server, self.reloader, self.controller, *self.metrics)
         threads: list[Supervised] = [t for t in owned if t is not None]
-        if self.spool is not None and self.spool.writer is not None:
-            threads.append(self.spool.writer)
+        if self.spool is not None:
+            threads += [t for t in (self.spool.writer, self.spool.seqs.renewer) if t is not None]
         out += [t.died() or f"thread {t.name} died" for t in threads if t.ident and not t.is_alive()]
         if self.config.mqtt.enabled and not self.mqtt_stats.connected:
             out.append("broker not connected")

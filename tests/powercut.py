@@ -10,8 +10,9 @@ the calls that make data durable on a real disk move the durable state on:
   fsync'd (nor its folder) is gone after a cut; one whose folder was fsync'd but not its data is empty,
   as on ext4 with delayed allocation.
 
-That is stricter than most real filesystems (ext4's journal often carries more), which is the point: code
-that survives here follows the POSIX rules, not a filesystem's kindness.
+That is stricter than most real filesystems, which is the point: code that survives here follows the POSIX
+rules, not a filesystem's kindness. `--journal` models ext4 (data=ordered) instead: an fsync of any file
+commits the journal, so every folder's entries (creates, renames, unlinks made so far) become durable with it.
 
 Control, through the special file `.powercut` at the mount's root (so any process can drive it):
 - write `cut` (or `cut tear`): the power goes now. Every call after it fails with EIO until `boot`, so
@@ -92,7 +93,8 @@ class PowerCutOps:
 
     use_ns = True  # utimens gets nanoseconds
 
-    def __init__(self, fsync_delay_s: tuple[float, float] = (0.0, 0.0)) -> None:
+    def __init__(self, fsync_delay_s: tuple[float, float] = (0.0, 0.0), *, journal: bool = False) -> None:
+        self.journal = journal
         self.root = Node(stat.S_IFDIR | 0o755)
         self.root.synced_mode = self.root.mode
         self.mutex = threading.RLock()
@@ -178,11 +180,22 @@ class PowerCutOps:
             self.dead = False
 
     def _sync_file(self, node: Node) -> None:
+        if self.journal:  # ext4: the fsync commits the journal, and with it every folder's entries
+            self._sync_all_dirs(self.root, set())
         node.synced = bytes(node.data)
         node.synced_mode = node.mode
         if self.last_write is not None and self.last_write[0] is node:
             self.last_write = None
         self.counters.fsyncs += 1
+
+    def _sync_all_dirs(self, node: Node, seen: set[int]) -> None:
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        node.synced_entries = dict(node.entries)
+        for child in node.entries.values():
+            if child.is_dir:
+                self._sync_all_dirs(child, seen)
 
     def _sync_dir(self, node: Node) -> None:
         node.synced_entries = dict(node.entries)
@@ -464,14 +477,22 @@ def unavailable() -> str | None:
 class PowerCutFS:
     """A power-cut filesystem mounted at `mount` by a child process."""
 
-    def __init__(self, mount: Path, *, fsync_delay_ms: tuple[float, float] = (0.0, 0.0)) -> None:
+    def __init__(
+        self,
+        mount: Path,
+        *,
+        fsync_delay_ms: tuple[float, float] = (0.0, 0.0),
+        journal: bool = False,
+        cache: bool = False,
+    ) -> None:
         self.mount = mount
         mount.mkdir(parents=True, exist_ok=True)
         delay = f"{fsync_delay_ms[0]}-{fsync_delay_ms[1]}"
+        extra = (["--journal"] if journal else []) + (["--cache"] if cache else [])
         self.log = mount.with_name(mount.name + ".fuse.log")
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, __file__, str(mount), "--fsync-delay-ms", delay], stdout=out, stderr=out
+                [sys.executable, __file__, str(mount), "--fsync-delay-ms", delay, *extra], stdout=out, stderr=out
             )
         deadline = time.monotonic() + 30
         while not (mount / CONTROL).exists():
@@ -542,14 +563,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mount", type=Path)
     parser.add_argument("--fsync-delay-ms", default="0-0", help="every fsync takes A-B ms (slow flash)")
+    parser.add_argument("--journal", action="store_true", help="ext4-like: an fsync makes every folder durable")
+    parser.add_argument(
+        "--cache",
+        action="store_true",
+        help="let the kernel cache reads (fast, as a real disk's page cache; only for mounts that are never cut: "
+        "after a cut the cache would still hold what the disk forgot)",
+    )
     args = parser.parse_args()
     low, _, high = args.fsync_delay_ms.partition("-")
     delay = (float(low) / 1000, float(high or low) / 1000)
     from mfusepy import FUSE
 
+    timeout = 1.0 if args.cache else 0.0
     FUSE(
-        PowerCutOps(delay), str(args.mount), foreground=True, nothreads=False, hard_remove=True,
-        attr_timeout=0, entry_timeout=0, negative_timeout=0, default_permissions=False,
+        PowerCutOps(delay, journal=args.journal), str(args.mount), foreground=True, nothreads=False, hard_remove=True,
+        attr_timeout=timeout, entry_timeout=timeout, negative_timeout=0, default_permissions=False,
+        kernel_cache=args.cache,
     )  # fmt: skip
 
 

@@ -127,7 +127,8 @@ def test_kill_9_at_random_points_loses_nothing_committed(
     # each kill skipped at most one lease of seqs, and every skipped seq is counted and shown
     gaps = spool["seq_gaps"]
     assert 1 <= len(gaps) <= 10
-    assert all(g["last"] - g["first"] < LEASE_MAX for g in gaps)
+    # beyond what was certainly handed out, at most one lease (sized to the rate, LEASE_MAX at most)
+    assert all(g["last"] - g["used_to"] <= LEASE_MAX for g in gaps)
     assert spool["uncertain"] == sum(g["last"] - g["first"] + 1 for g in gaps)
     assert "unclean_stop" not in spool["dropped_by_reason"]  # uncertain is not known lost
 

@@ -21,7 +21,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from pgserver import PgServer
 
 from edged.fleet.ingest import Ingest, IngestOptions
-from edged.fleet.ingestdb import ResultRow, StatsRow, open_database
+from edged.fleet.ingestdb import GapRow, ResultRow, StatsRow, open_database
 from edged.fleet.report import build_report
 
 pytestmark = pytest.mark.integration
@@ -257,3 +257,40 @@ def test_a_real_daemon_lands_every_result(
     entry = next(d for d in report["devices"] if d["device"] == cfg["device_id"])
     assert (entry["missing"], entry["unexplained"], entry["pipelines"][0]["last_seq"]) == (0, 0, 40)
     assert not ingest.writer.death
+
+
+def test_report_labels_missing_seqs_a_device_declared_uncertain(tmp_path: Path) -> None:
+    url = str(tmp_path / "r.db")
+    db = open_database(url)
+    rows = [ResultRow("a", "cam0", s, float(s), "{}") for s in [*range(1, 11), *range(31, 41)]]
+    gap = GapRow("a", "cam0", 8, 30, json.dumps({"gap": {"first": 8, "last": 30}}))
+    db.write(rows, [StatsRow("a", 5.0, json.dumps({"device": "a", "spool": {}}))], [gap, gap])  # once
+    db.close()
+    report = build_report(open_database(url))
+    (a,) = report["devices"]
+    # 11..30 are missing and declared: uncertain (sent before the stop, lost, or never used), not unexplained
+    assert (a["missing"], a["uncertain"], a["unexplained"]) == (20, 20, 0)
+    assert a["pipelines"][0]["declared_gaps"] == [[8, 30]]
+
+
+def test_a_daemon_killed_mid_run_declares_its_gap_and_the_report_explains_it(
+    broker: Broker, tmp_path: Path, tiny_model: Path, start_daemon: StartDaemon, start_ingest: StartIngest
+) -> None:
+    url = str(tmp_path / "r.db")
+    ingest = start_ingest(url)
+    video = make_video(tmp_path / "v.mp4", 30)
+    cfg = base_config(tmp_path, tiny_model, str(video), broker=broker, fps=30, loop=True, stop_at_end=False)
+    cfg["mqtt"]["stats_interval_s"] = 0.2
+    config = write_config(tmp_path / "edged.yaml", cfg)
+    daemon = start_daemon(config)
+    wait_for(lambda: _count(url) >= 40, 60, "results before the kill")
+    daemon.stop(signal.SIGKILL)
+    again = start_daemon(config)
+    wait_for(ingest.db.declared, 60, "the gap announced after the restart")
+    top = ingest.db.declared()[0].last
+    wait_for(lambda: max(s.last for s in ingest.db.streams()) > top + 10, 60, "results after the gap")
+    wait_for(lambda: "uncertain" in json.dumps(ingest.db.device_stats().get(cfg["device_id"])), 30, "stats")
+    again.stop()
+    entry = next(d for d in build_report(ingest.db)["devices"] if d["device"] == cfg["device_id"])
+    assert entry["missing"] > 0  # the skipped lease beyond the last seq handed out
+    assert (entry["uncertain"], entry["unexplained"]) == (entry["missing"], 0)

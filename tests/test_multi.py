@@ -171,7 +171,12 @@ def test_a_directory_holding_another_build_is_emptied_and_old_ones_are_cleaned(
     (path / "TensorrtExecutionProvider_TRTKernel_graph_1_sm87.engine").write_bytes(b"engine")
     assert trtcache.has_engine(path)
     assert trtcache.prepare_dir(cfg, tmp_path, sha) == path
-    assert trtcache.has_engine(path)  # same key, same manifest: the engine is reused
+    # not sealed (no warm-up finished after the build): the engine may be torn by a power cut, so it goes
+    assert not trtcache.has_engine(path)
+    (path / "TensorrtExecutionProvider_TRTKernel_graph_1_sm87.engine").write_bytes(b"engine")
+    trtcache.seal(path)  # the warm-up built it: fsync'd, the manifest marked sealed
+    assert trtcache.prepare_dir(cfg, tmp_path, sha) == path
+    assert trtcache.has_engine(path)  # same key, sealed manifest: the engine is reused
     (path / trtcache.MANIFEST).write_text('{"sha256": "something else"}', encoding="utf-8")
     trtcache.prepare_dir(cfg, tmp_path, sha)
     assert not trtcache.has_engine(path)  # a manifest that does not match: rebuilt, never loaded

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import sqlite3
 import threading
@@ -9,8 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 
 from edged.core.errors import SpoolError
+from edged.store.seqlease import LEASE_MAX, LEASE_MIN, SeqAllocator, SeqGap
 from edged.store.spool import Spool, SpoolConfig
 
 
@@ -438,3 +441,61 @@ def test_a_row_that_can_never_be_sent_is_a_dead_letter_at_once(tmp_path: Path) -
     spool.close()
     with sqlite3.connect(tmp_path / "s.db") as conn:
         assert conn.execute("SELECT seq, tries FROM dead_letters").fetchall() == [(1, 5)]
+
+
+@pytest.mark.integration
+def test_a_gap_after_a_crash_starts_where_certainty_ends(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=60_000))
+    spool.start()
+    add(spool, "a", 10)
+    assert spool.flush()  # 1..10 committed: certain
+    add(spool, "a", 5)  # 11..15 in memory only
+    db = crash_copy(tmp_path, "crash")
+    spool.close()
+    again = Spool(db)
+    (gap,) = again.stats()["seq_gaps"]
+    # the uncommitted ones and the rest of the lease are uncertain, nothing before
+    assert gap["first"] == 11
+    assert 15 < gap["last"] <= 15 + LEASE_MAX
+    assert again.stats()["uncertain"] == gap["last"] - 10
+    assert again.next_seq("a") == gap["last"] + 1
+    again.close()
+
+
+def test_results_acknowledged_from_memory_are_certain_once_a_lease_write_recorded_them(tmp_path: Path) -> None:
+    settled = {"a": 0}  # the spool's answer: here every seq is acknowledged as soon as it is handed out
+    seqs = SeqAllocator(tmp_path / "lease", {}, settled=lambda: dict(settled))  # no renewer: writes in next()
+    for _ in range(LEASE_MIN + 4):  # the second lease is written when 17 is handed out
+        settled["a"] = seqs.next("a")
+    again = SeqAllocator(tmp_path / "lease", {})  # kill -9 now: the database never saw a commit
+    (gap,) = again.gaps
+    assert gap.first == LEASE_MIN + 1  # 1..16 were settled (acknowledged) when the lease for 17 was written
+    assert gap.used_to == LEASE_MIN  # handed out for sure by then; beyond, perhaps never used
+
+
+def test_the_lease_grows_to_about_ten_seconds_of_the_rate(tmp_path: Path) -> None:
+    seqs = SeqAllocator(tmp_path / "lease", {})
+    for _ in range(5000):  # far faster than 100 per second: every lease is as large as allowed
+        seqs.next("a")
+    lease = json.loads((tmp_path / "lease").read_text())["lease"]["a"]
+    assert 5000 < lease <= 5000 + LEASE_MAX
+
+
+def test_a_torn_lease_file_skips_the_largest_lease_and_says_so(tmp_path: Path) -> None:
+    (tmp_path / "lease").write_text('{"v": 3, "clean": fal', encoding="utf-8")  # torn by a cut
+    seqs = SeqAllocator(tmp_path / "lease", {"a": 41})
+    assert seqs.gaps == [SeqGap("a", 42, 41 + LEASE_MAX, 41)]  # uncertain, declared: never a reuse
+    assert seqs.next("a") == 42 + LEASE_MAX
+
+
+def test_the_lease_is_renewed_ahead_on_its_own_thread_which_stops_with_the_spool(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s.db")
+    spool.start()
+    renewer = spool.seqs.renewer
+    assert renewer is not None
+    assert renewer.name == "edged-seq-lease"
+    add(spool, "a", LEASE_MIN)  # past half of the first lease: the renewer extends it ahead
+    lease = tmp_path / "s.db.seqfloor"
+    wait_for(lambda: json.loads(lease.read_text())["lease"]["a"] > LEASE_MIN, 10, "the lease renewed ahead")
+    spool.close()
+    assert not renewer.is_alive()

@@ -33,7 +33,7 @@ from edged.core.errors import IngestError
 from edged.core.secrets import read_secret
 from edged.core.streams import EVENTS, events_key
 from edged.core.threads import Supervised
-from edged.fleet.ingestdb import Database, ResultRow, StatsRow
+from edged.fleet.ingestdb import Database, GapRow, ResultRow, StatsRow
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ class IngestOptions:
     results_topic: str = "edged/+/+/results"
     events_topic: str = "edged/+/+/events"  # a tracking pipeline's events: rows keyed "<pipeline>/events"
     stats_topic: str = "edged/+/stats"
+    gaps_topic: str = "edged/+/+/gaps"  # seq ranges a device declared uncertain after an unclean stop
     batch: int = 1000  # results per transaction at most
     flush_s: float = 0.25  # a partial batch waits at most this long for more (a database likes big ones)
     receive_max: int = 4000  # unacknowledged messages the broker may send (MQTT 5 Receive Maximum)
@@ -113,6 +114,23 @@ def parse_results(payload: bytes) -> list[ResultRow]:
             pipeline = events_key(pipeline)
         rows.append(ResultRow(device, pipeline, seq, float(ts), body))
     return rows
+
+
+def parse_gap(payload: bytes) -> GapRow:
+    """A gap message: a seq range of one stream that a device skipped after an unclean stop."""
+    data = json.loads(payload)
+    gap = data.get("gap") if isinstance(data, dict) else None
+    if (
+        not isinstance(gap, dict)
+        or not isinstance(data.get("device"), str)
+        or not isinstance(data.get("pipeline"), str)
+    ):
+        raise MalformedError("a gap message is a JSON object with a device, a pipeline and a gap")
+    first, last = gap.get("first"), gap.get("last")
+    if not isinstance(first, int) or not isinstance(last, int) or not 1 <= first <= last:
+        raise MalformedError("a gap's first and last must be seqs, first <= last")
+    pipeline = events_key(data["pipeline"]) if data.get("stream") == EVENTS else data["pipeline"]
+    return GapRow(data["device"], pipeline, first, last, payload.decode("utf-8"))
 
 
 def parse_stats(payload: bytes) -> StatsRow:
@@ -184,7 +202,8 @@ class Ingest:
         events = (shared + self.opts.events_topic, SubscribeOptions(qos=1))
         # retained stats are not sent to shared subscriptions: every ingest reads them (upserts are idempotent)
         stats = (self.opts.stats_topic, SubscribeOptions(qos=1))
-        client.subscribe([results, events, stats])
+        gaps = (shared + self.opts.gaps_topic, SubscribeOptions(qos=1))
+        client.subscribe([results, events, stats, gaps])
         log.info("ingest: connected to %s:%d as %s", self.opts.host, self.opts.port, self.opts.client_id)
 
     def _on_subscribe(self, _c: paho.Client, _u: Any, _mid: int, reasons: list[Any], _p: Any) -> None:
@@ -300,11 +319,15 @@ class Ingest:
     def _write(self, items: list[_Item], backoff: Backoff) -> None:
         rows: dict[tuple[str, str, int], ResultRow] = {}
         stats: list[StatsRow] = []
+        gaps: list[GapRow] = []
         malformed = results = 0
         for item in items:
             try:
                 if paho.topic_matches_sub(self.opts.stats_topic, item.topic):
                     stats.append(parse_stats(item.payload))
+                    continue
+                if paho.topic_matches_sub(self.opts.gaps_topic, item.topic):
+                    gaps.append(parse_gap(item.payload))
                     continue
                 parsed = parse_results(item.payload)
             except (ValueError, UnicodeDecodeError) as exc:
@@ -314,24 +337,24 @@ class Ingest:
             results += len(parsed)
             for row in parsed:
                 rows[(row.device, row.pipeline, row.seq)] = row  # the same result twice in one batch: once
-        inserted = self._commit(list(rows.values()), stats, backoff)
+        inserted = self._commit(list(rows.values()), stats, gaps, backoff)
         if inserted is None:
             return  # stopping while the database is away: nothing acknowledged, the broker sends them again
         self._ack(items)
         with self._lock:
             c = self.counters
-            c.messages += len(items) - len(stats)
+            c.messages += len(items) - len(stats) - len(gaps)
             c.results += results
             c.inserted += inserted
             c.duplicates += results - inserted
             c.malformed += malformed
             c.stats += len(stats)
 
-    def _commit(self, rows: list[ResultRow], stats: list[StatsRow], backoff: Backoff) -> int | None:
+    def _commit(self, rows: list[ResultRow], stats: list[StatsRow], gaps: list[GapRow], backoff: Backoff) -> int | None:
         """Write until it works (the database restarts: retry with backoff); None if asked to stop first."""
         while True:
             try:
-                inserted = self.db.write(rows, stats)
+                inserted = self.db.write(rows, stats, gaps)
             except IngestError as exc:
                 with self._lock:
                     self.counters.db_errors += 1

@@ -52,6 +52,16 @@ class Stream:
         return self.last - self.first + 1 - self.count
 
 
+class GapRow(NamedTuple):
+    """A device declared seqs `first`..`last` of one stream uncertain after an unclean stop (gaps topic)."""
+
+    device: str
+    pipeline: str
+    first: int
+    last: int
+    body: str  # the gap message, JSON
+
+
 class Gap(NamedTuple):
     """Seqs `first`..`last` of one stream are missing."""
 
@@ -66,7 +76,10 @@ SCHEMA = (
     "ts DOUBLE PRECISION NOT NULL, body {json} NOT NULL, PRIMARY KEY (device, pipeline, seq))",
     "CREATE TABLE IF NOT EXISTS device_stats (device TEXT PRIMARY KEY, ts DOUBLE PRECISION NOT NULL, "
     "body {json} NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS declared_gaps (device TEXT NOT NULL, pipeline TEXT NOT NULL, first BIGINT NOT NULL, "
+    "last BIGINT NOT NULL, body {json} NOT NULL, PRIMARY KEY (device, pipeline, first, last))",
 )
+DECLARED = "SELECT device, pipeline, first, last FROM declared_gaps ORDER BY 1, 2, 3"
 STREAMS = "SELECT device, pipeline, MIN(seq), MAX(seq), COUNT(*) FROM results GROUP BY device, pipeline ORDER BY 1, 2"
 # every missing range, from the rows themselves (the report is computed, never a counter that can drift)
 GAPS = (
@@ -81,14 +94,18 @@ class Database(Protocol):
 
     url: str
 
-    def write(self, rows: list[ResultRow], stats: list[StatsRow]) -> int:
-        """Insert the rows (existing keys ignored) and upsert the stats in one transaction; rows inserted."""
+    def write(self, rows: list[ResultRow], stats: list[StatsRow], gaps: list[GapRow] | None = None) -> int:
+        """Insert the rows and declared gaps (existing keys ignored) and upsert the stats in one transaction;
+        rows inserted."""
 
     def streams(self) -> list[Stream]:
         """Per (device, pipeline): first and last seq, rows held."""
 
     def gaps(self) -> list[Gap]:
         """Every missing seq range between a stream's first and last row."""
+
+    def declared(self) -> list[Gap]:
+        """The seq ranges devices declared uncertain after an unclean stop."""
 
     def device_stats(self) -> dict[str, dict[str, Any]]:
         """The last stats message of each device."""
@@ -122,13 +139,14 @@ class SqliteDatabase:
         except sqlite3.Error as exc:
             raise IngestError(f"cannot open {path}: {exc}") from exc
 
-    def write(self, rows: list[ResultRow], stats: list[StatsRow]) -> int:
+    def write(self, rows: list[ResultRow], stats: list[StatsRow], gaps: list[GapRow] | None = None) -> int:
         conn = self.conn
         try:
             conn.execute("BEGIN IMMEDIATE")
             before = conn.total_changes
             conn.executemany("INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?)", rows)
             inserted = conn.total_changes - before
+            conn.executemany("INSERT OR IGNORE INTO declared_gaps VALUES (?, ?, ?, ?, ?)", gaps or [])
             conn.executemany(
                 "INSERT INTO device_stats VALUES (?, ?, ?) ON CONFLICT (device) DO UPDATE "
                 "SET ts = excluded.ts, body = excluded.body WHERE excluded.ts >= device_stats.ts",
@@ -146,6 +164,9 @@ class SqliteDatabase:
 
     def gaps(self) -> list[Gap]:
         return [Gap(*row) for row in self.conn.execute(GAPS)]
+
+    def declared(self) -> list[Gap]:
+        return [Gap(*row) for row in self.conn.execute(DECLARED)]
 
     def device_stats(self) -> dict[str, dict[str, Any]]:
         return _stats_dict(self.conn.execute("SELECT device, body FROM device_stats").fetchall())
@@ -170,6 +191,7 @@ class PostgresDatabase:
         "INSERT INTO results (device, pipeline, seq, ts, body) "
         "SELECT device, pipeline, seq, ts, body::jsonb FROM incoming ON CONFLICT DO NOTHING"
     )
+    INSERT_GAP = "INSERT INTO declared_gaps VALUES (%s, %s, %s, %s, %s::jsonb) ON CONFLICT DO NOTHING"
     UPSERT_STATS = (
         "INSERT INTO device_stats VALUES (%s, %s, %s::jsonb) ON CONFLICT (device) DO UPDATE "
         "SET ts = excluded.ts, body = excluded.body WHERE excluded.ts >= device_stats.ts"
@@ -197,7 +219,7 @@ class PostgresDatabase:
             self.conn = None
             raise IngestError(f"cannot open the PostgreSQL database: {_safe(exc)}") from exc
 
-    def write(self, rows: list[ResultRow], stats: list[StatsRow]) -> int:
+    def write(self, rows: list[ResultRow], stats: list[StatsRow], gaps: list[GapRow] | None = None) -> int:
         psycopg = self._psycopg
         try:
             if self.conn is None or self.conn.closed:
@@ -212,6 +234,8 @@ class PostgresDatabase:
                         inserted = cur.execute(self.INSERT).rowcount
                 for stat in stats:
                     self.conn.execute(self.UPSERT_STATS, stat)
+                for gap in gaps or []:
+                    self.conn.execute(self.INSERT_GAP, gap)
         except psycopg.Error as exc:
             self._drop_connection()
             raise IngestError(f"PostgreSQL: {_safe(exc)}") from exc
@@ -234,6 +258,9 @@ class PostgresDatabase:
 
     def gaps(self) -> list[Gap]:
         return [Gap(*row) for row in self._query(GAPS)]
+
+    def declared(self) -> list[Gap]:
+        return [Gap(*row) for row in self._query(DECLARED)]
 
     def device_stats(self) -> dict[str, dict[str, Any]]:
         return _stats_dict([(d, b) for d, b in self._query("SELECT device, body FROM device_stats")])

@@ -1,10 +1,11 @@
 """`edged ingest --report`: which device lost which results, and whether the device says why.
 
 Everything is computed from the rows (first, last, count and the missing ranges per device and pipeline)
-and matched against the last stats message of each device: the spool counts what it dropped, by reason
-(`expired`, `full_evicted_oldest`, `unclean_stop`, ...), and what it set aside as dead letters. Missing
-seqs the device accounts for are *explained*; any beyond that were lost between the device and the
-database, and the report says so (exit 1).
+and matched against what each device said: the gaps it declared after an unclean stop (gaps topic: each
+seq there was delivered before the stop, lost with it, or never used: *uncertain*), and its last stats
+message: the spool counts what it dropped, by reason (`expired`, `full_evicted_oldest`, ...), and what it
+set aside as dead letters. Missing seqs the device accounts for are *explained*; any beyond that were
+lost between the device and the database, and the report says so (exit 1).
 """
 
 from __future__ import annotations
@@ -23,7 +24,18 @@ def _ranges(gaps: list[Gap]) -> list[list[int]]:
     return [[g.first, g.last] for g in gaps]
 
 
-def _stream_entry(stream: Stream, gaps: list[Gap]) -> dict[str, Any]:
+def _inside(gaps: list[Gap], declared: list[Gap]) -> int:
+    """How many missing seqs lie in a range the device declared uncertain."""
+    marked: set[int] = set()
+    for d in declared:
+        for g in gaps:
+            lo, hi = max(g.first, d.first), min(g.last, d.last)
+            if lo <= hi:
+                marked.update(range(lo, hi + 1))
+    return len(marked)
+
+
+def _stream_entry(stream: Stream, gaps: list[Gap], declared: list[Gap]) -> dict[str, Any]:
     contiguous = gaps[0].first - 1 if gaps else stream.last
     return {
         "pipeline": stream.pipeline,
@@ -32,7 +44,9 @@ def _stream_entry(stream: Stream, gaps: list[Gap]) -> dict[str, Any]:
         "last_seq": stream.last,
         "contiguous_to": contiguous,  # every seq from first_seq to this is in the database
         "missing": stream.missing,
+        "uncertain": _inside(gaps, declared),  # missing, in a gap the device declared after an unclean stop
         "gaps": _ranges(gaps),
+        "declared_gaps": _ranges(declared),
         "before_first": stream.first - 1,  # seqs before the first row seen (the ingest may have joined late)
     }
 
@@ -52,19 +66,24 @@ def build_report(db: Database) -> dict[str, Any]:
     gaps_by_stream: dict[tuple[str, str], list[Gap]] = {}
     for gap in db.gaps():
         gaps_by_stream.setdefault((gap.device, gap.pipeline), []).append(gap)
+    declared: dict[tuple[str, str], list[Gap]] = {}
+    for gap in db.declared():
+        declared.setdefault((gap.device, gap.pipeline), []).append(gap)
     stats = db.device_stats()
     devices: dict[str, dict[str, Any]] = {}
     for stream in db.streams():
         entry = devices.setdefault(stream.device, {"device": stream.device, "pipelines": []})
-        entry["pipelines"].append(_stream_entry(stream, gaps_by_stream.get((stream.device, stream.pipeline), [])))
+        key = (stream.device, stream.pipeline)
+        entry["pipelines"].append(_stream_entry(stream, gaps_by_stream.get(key, []), declared.get(key, [])))
     for device in sorted(set(stats) - set(devices)):
         devices[device] = {"device": device, "pipelines": []}  # stats seen, no result yet
     total_unexplained = 0
     for device, entry in devices.items():
         accounting = _device_accounting(stats.get(device))
         missing = sum(p["missing"] for p in entry["pipelines"])
-        unexplained = max(0, missing - accounting["accounted"])
-        entry |= {"missing": missing, "unexplained": unexplained, **accounting}
+        uncertain = sum(p["uncertain"] for p in entry["pipelines"])
+        unexplained = max(0, missing - uncertain - accounting["accounted"])
+        entry |= {"missing": missing, "uncertain": uncertain, "unexplained": unexplained, **accounting}
         total_unexplained += unexplained
     rows = sum(p["results"] for e in devices.values() for p in e["pipelines"])
     return {"database": db.url, "devices": list(devices.values()), "results": rows, "unexplained": total_unexplained}
@@ -76,6 +95,8 @@ def _why(entry: dict[str, Any]) -> str:
     parts = [f"{n} {reason}" for reason, n in sorted(entry["dropped_by_reason"].items())]
     if entry["dead_letters"]:
         parts.append(f"{entry['dead_letters']} dead letters")
+    if entry["uncertain"]:
+        parts.append(f"{entry['uncertain']} uncertain after unclean stops")
     said = ("device says: " + ", ".join(parts)) if parts else "the device reports no drops"
     if entry["stats_ts"] is None:
         said = "no stats message from the device"

@@ -106,6 +106,11 @@ def _spool(spool: dict[str, Any]) -> Iterator[Metric]:
         dropped.add_metric([reason], float(n))
     yield dropped
     yield CounterMetricFamily(
+        "edged_spool_uncertain_seqs_total",
+        "Seqs skipped after unclean stops: each delivered before the stop, lost with it, or never used.",
+        value=float(spool.get("uncertain", 0)),
+    )
+    yield CounterMetricFamily(
         "edged_dead_letters_total",
         "Results the broker refused for good, set aside.",
         value=float(spool.get("dead_letters", 0)),

@@ -257,6 +257,7 @@ class Spool:
         """Start the writer thread."""
         self.writer = Supervised("edged-spool-writer", target=self._write_loop)
         self.writer.start()
+        self.seqs.start()
         if self.checking:
             self._checker = Supervised("edged-spool-check", target=self._background_check)
             self._checker.start()
