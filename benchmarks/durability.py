@@ -394,6 +394,7 @@ def slow_flash(work: Path, disk: Any, name: str, seconds: float) -> dict[str, An
     live = Edged(work, edged_config(work, disk.mount / f"lat-{name}", central.port))
     try:
         live.start()
+        time.sleep(3)  # past the start: the steady state is measured
         with sub.lock:
             sub.latency_ms.clear()
         disk.reset_counters()
@@ -463,13 +464,14 @@ SLOW_KEYS = (
 def table(cuts: dict[str, Any] | None, slow: dict[str, Any] | None) -> str:
     lines = []
     if cuts:
-        lines += ["| system | cuts | stored per cut | lost per cut | bytes written per result offline |",
-                  "|---|---|---|---|---|"]  # fmt: skip
+        lines += ["| system | cuts | stored per cut | lost per cut | uncertain seqs per cut | bytes written per "
+                  "result offline |", "|---|---|---|---|---|---|"]  # fmt: skip
         for name, runs in cuts.items():
             stored = "/".join(str(r["stored"]) for r in runs)
             lost = "/".join(str(r["lost"]) for r in runs)
+            uncertain = "/".join(str(r["uncertain"]) for r in runs) if "uncertain" in runs[0] else "-"
             per = statistics.median(r["bytes_per_result"] for r in runs)
-            lines.append(f"| {name} | {len(runs)} | {stored} | {lost} | {per:,.0f} B |")
+            lines.append(f"| {name} | {len(runs)} | {stored} | {lost} | {uncertain} | {per:,.0f} B |")
     if slow:
         lines += ["", "| edged, default config | fast disk | slow flash (fsync 20-50 ms) |", "|---|---|---|"]
         for key in SLOW_KEYS:

@@ -83,8 +83,9 @@ class Counters:
     fsyncs: int = 0
     dir_fsyncs: int = 0
     cuts: int = 0
+    synced: dict[str, int] = field(default_factory=dict)  # fsyncs per file name (a folder's ends in /)
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
@@ -272,6 +273,7 @@ class PowerCutOps:
         return 0
 
     def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
+        self._note_sync(path + "/")
         self._slow()
         with self.mutex:
             self._alive()
@@ -372,7 +374,13 @@ class PowerCutOps:
                 node.data.extend(b"\0" * (offset + length - len(node.data)))
         return 0
 
+    def _note_sync(self, path: str) -> None:
+        name = path.rpartition("/")[2] if not path.endswith("/") else path
+        with self.mutex:
+            self.counters.synced[name] = self.counters.synced.get(name, 0) + 1
+
     def fsync(self, path: str, datasync: int, fh: int) -> int:
+        self._note_sync(path)
         self._slow()
         with self.mutex:
             self._alive()
@@ -529,9 +537,9 @@ class PowerCutFS:
         """Power back: what programs see is what was durable."""
         self._say("boot")
 
-    def counters(self) -> dict[str, int]:
-        """Bytes written, writes, fsyncs, folder fsyncs, cuts so far."""
-        data: dict[str, int] = json.loads((self.mount / CONTROL).read_bytes().rstrip(b"\0"))
+    def counters(self) -> dict[str, Any]:
+        """Bytes written, writes, fsyncs, folder fsyncs, cuts so far; fsyncs per file name (`synced`)."""
+        data: dict[str, Any] = json.loads((self.mount / CONTROL).read_bytes().rstrip(b"\0"))
         return data
 
     def reset_counters(self) -> None:

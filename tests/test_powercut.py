@@ -16,6 +16,8 @@ import os
 import random
 import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -172,6 +174,13 @@ def test_a_cut_while_buffering_offline_loses_nothing_stored(device: Device, subs
     after = dev.status()
     assert after["state"] == "degraded"
     assert any("unclean stop" in r for r in after["reasons"]), after["reasons"]
+    assert dev.daemon is not None
+    view = subprocess.run(
+        [sys.executable, "-m", "edged", "status", "--socket", str(dev.daemon.socket)],
+        capture_output=True, text=True, check=False, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert view.returncode == 1  # degraded, and the table says what is uncertain
+    assert f"uncertain {after['spool']['uncertain']}" in view.stdout
     check_aftermath(sub, stored, dev.drain_and_stop())
 
 

@@ -75,6 +75,8 @@ def _spool(spool: dict[str, Any]) -> list[Any]:
         f"  oldest {spool.get('oldest_age_s', 0):.0f} s  disk free {_mib(spool.get('disk_free_bytes'))}"
     )
     second = f"       dropped {dropped}  dead letters {spool.get('dead_letters', 0)}"
+    if spool.get("uncertain"):  # seqs skipped after unclean stops: sent before, lost, or never used
+        second += f"  uncertain {spool['uncertain']}"
     if spool.get("recovered_from"):
         second += f"  [red]damaged spool moved to {spool['recovered_from']}[/]"
     if spool.get("error"):

@@ -38,7 +38,7 @@ from edged.core.threads import Supervised
 log = logging.getLogger(__name__)
 
 LEASE_S = 10.0  # a lease lasts about this long at the pipeline's rate
-LEASE_MIN = 16  # seqs: the first lease of a pipeline, and the least a busy one gets
+LEASE_MIN = 64  # seqs: the first lease of a pipeline (2 s at 30/s: renewed ahead in time), the least one gets
 LEASE_MAX = 1000  # seqs: a crash leaves at most this many uncertain per pipeline (the old fixed lease)
 
 Settled = Callable[[], dict[str, int]]
