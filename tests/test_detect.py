@@ -10,8 +10,8 @@ import pytest
 from detect_models import LABELS, make_detector
 
 from edged.core.errors import ModelError
-from edged.model.detect import DetectConfig, nms
-from edged.model.preprocess import Preprocessor
+from edged.model.detect import DetectConfig, make_detect, nms
+from edged.model.preprocess import Geometry, Preprocessor
 from edged.pipeline.model import Model, prepare_model
 from edged.pipeline.settings import PipelineConfig
 
@@ -117,3 +117,28 @@ def test_labels_that_do_not_fit_the_head_are_refused(tmp_path: Path) -> None:
     path = make_detector(tmp_path / "d.onnx", "yolov8")
     with pytest.raises(ModelError, match="2 labels do not fit a yolov8 head"):
         prepare_model(pipeline_cfg(path, labels=str(labels), format="yolov8"), tmp_path)
+
+
+def test_boxes_with_no_area_are_never_published() -> None:
+    """A decoder that does not fit its model makes zero-area boxes at the origin by the thousand (a YOLOX
+    head read as YOLOv5 did); so do NaN scores and boxes wholly outside the frame. None is published."""
+    cfg = DetectConfig.model_validate({"type": "detect", "format": "yolov8", "score_threshold": 0.3})
+    detect = make_detect(cfg, ["out"], [[1, 4 + 1, 6]], {}, (64, 64))
+    rows = np.asarray(
+        [  # cx, cy, w, h, score (yolov8: one class)
+            [32, 32, 10, 10, 0.9],  # a real box
+            [0, 0, 0, 0, 0.99],  # zero area at the origin
+            [10, 10, -4, 6, 0.95],  # negative width
+            [np.nan, 5, 4, 4, 0.9],  # not a number
+            [40, 40, 0, 8, 0.8],  # zero width
+            [20, 20, 6, 6, 0.6],  # another real one
+        ],
+        np.float32,
+    )
+    out = [rows.T[np.newaxis]]  # [1, 5, 6]
+    offside = Geometry(64, 32, 1.0, 1.0, 0, 0)  # a 64 x 32 frame: a box below y = 32 lies outside it
+    boxes = [d["box"] for d in detect(out, offside)["detections"]]
+    assert boxes == [[27.0, 27.0, 37.0, 32.0], [17.0, 17.0, 23.0, 23.0]]  # the first clipped at the bottom
+    below = np.zeros((6, 5), np.float32)
+    below[0] = [32, 50, 10, 10, 0.9]  # wholly below the 32-pixel frame
+    assert detect([below.T[np.newaxis]], offside)["detections"] == []  # clipped to the frame: no area left

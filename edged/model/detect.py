@@ -85,6 +85,15 @@ def nms(
     return np.asarray(keep, dtype=np.intp)
 
 
+def _has_area(boxes: Array) -> npt.NDArray[np.bool_]:
+    """Rows of (x1, y1, x2, y2) that are finite with a positive width and height: a detection with zero or
+    negative size is never published (a decoder that does not fit the model makes thousands of them)."""
+    if not boxes.shape[0]:
+        return np.zeros(0, dtype=bool)
+    finite = np.isfinite(boxes).all(axis=1)
+    return finite & (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+
+
 def cxcywh_to_xyxy(a: Array) -> Array:
     """[N, 4] centre, size -> corners."""
     out = np.empty_like(a)
@@ -149,7 +158,7 @@ class Detect:
     def __call__(self, outputs: list[npt.NDArray[Any]], geometry: Geometry | None = None) -> dict[str, Any]:
         """Decode, filter, suppress, map; detections best first."""
         boxes, scores, classes = self._decode(outputs)
-        keep = scores >= self.cfg.score_threshold
+        keep = (scores >= self.cfg.score_threshold) & _has_area(boxes)
         if self.allowed is not None:
             keep &= np.isin(classes, self.allowed)
         boxes, scores, classes = boxes[keep], scores[keep], classes[keep]
@@ -173,6 +182,9 @@ class Detect:
             w, h = self.input_size
             geometry = Geometry(w, h, 1.0, 1.0, 0, 0)
         mapped = geometry.to_source(boxes) if boxes.shape[0] else boxes
+        if mapped.shape[0]:  # a box that lay outside the frame has no area once clipped to it: never published
+            visible = _has_area(np.round(mapped, 1))
+            mapped, scores, classes = mapped[visible], scores[visible], classes[visible]
         detections = [
             {
                 "label": self._label(int(c)),
