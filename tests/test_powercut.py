@@ -46,7 +46,10 @@ from edged.core.durable import fsync_dir
 from edged.ops.modelfetch import fetch_url
 from edged.ops.remoteconfig import apply_remote_config
 
-pytestmark = pytest.mark.skipif(bool(unavailable()), reason=f"no power-cut filesystem here: {unavailable()}")
+pytestmark = [
+    pytest.mark.skipif(bool(unavailable()), reason=f"no power-cut filesystem here: {unavailable()}"),
+    pytest.mark.timeout(300),  # a daemon started twice or three times, on a disk served by Python
+]
 
 
 @pytest.fixture
@@ -262,6 +265,7 @@ def test_a_cut_during_the_seq_lease_write_never_reuses_a_seq(device: Device, sub
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(900)  # twenty daemon starts; about a minute unloaded, several on a loaded 2-core machine
 def test_twenty_cuts_at_random_moments_lose_nothing_stored(device: Device, subscribe: Subscribe) -> None:
     """Offline, draining, flat out (WAL checkpoints) and right at the start, mixed; one gap per cut at most."""
     dev, disk, own_broker = device, device.fs, device.broker
