@@ -51,6 +51,7 @@ def run_video(cfg: dict[str, Any], events: Any, already: int) -> dict[str, Any]:
     return status
 
 
+@pytest.mark.timeout(360)  # the scene's video twice, in-process: ~45 s idle, ~2 min beside stress-ng --cpu 2
 def test_events_go_to_their_topic_with_their_own_seq_and_results_stay_home(
     tmp_path: Path, broker: Broker, subscribe: Subscribe
 ) -> None:
