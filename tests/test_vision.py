@@ -4,6 +4,7 @@ real ONNX detector) through a daemon, a real Mosquitto and a subscriber."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,9 @@ def test_events_go_to_their_topic_with_their_own_seq_and_results_stay_home(
     def events() -> list[dict[str, Any]]:
         return [json.loads(p) for p, _ in sub.payloads(f"edged/{dev}/cam0/events")]
 
+    started = time.monotonic()
     status = run_video(cfg, events, 0)
+    took = time.monotonic() - started
     got = events()
     assert [e["seq"] for e in got] == list(range(1, len(got) + 1))  # its own seq, from 1, no gap
     assert {e["stream"] for e in got} == {"events"}
@@ -79,7 +82,8 @@ def test_events_go_to_their_topic_with_their_own_seq_and_results_stay_home(
     assert kinds.count("zone_enter") == kinds.count("zone_leave") == 3  # each crossed the left half
     assert sub.results() == []  # publish mode events: no per-frame results
     assert status["events"] == len(got)
-    assert status["events_per_min"] == len(got)
+    # a rate over the last minute: every event when the run took less (on a loaded machine it can take more)
+    assert status["events_per_min"] == len(got) if took < 60 else 0 < status["events_per_min"] <= len(got)
     assert status["tracks"] == 0  # everyone left
     assert status["suppressed"] == status["frames"]
     leave = next(e for e in got if e["event"]["type"] == "leave")
