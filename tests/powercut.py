@@ -25,7 +25,8 @@ Control, through the special file `.powercut` at the mount's root (so any proces
 - write `arm write|fsync PATTERN N [tear]`: cut by itself at the N-th write (or fsync) of a file whose name
   matches PATTERN (fnmatch), before that call lands (`tear`: half of that write lands): a cut at an exact
   moment, such as the first write of a WAL checkpoint into the database file.
-- read it: JSON counters (bytes written, fsyncs, cuts) and `dead`.
+- read it: one line of JSON, counters (bytes written, fsyncs, cuts) and `dead` (a reader takes the first line:
+  the kernel may read it in two calls while the counters move).
 
 `--fsync-delay-ms A[-B]` makes every fsync take that long (uniform in A..B): slow flash such as an SD card.
 The helper `PowerCutFS` mounts one in a child process and drives it. Run as `python tests/powercut.py MOUNT`.
@@ -40,6 +41,7 @@ import fnmatch
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import stat
@@ -376,6 +378,7 @@ class PowerCutOps:
 
     def _note_sync(self, path: str) -> None:
         name = path.rpartition("/")[2] if not path.endswith("/") else path
+        name = re.sub(r"\.[A-Za-z0-9_]{8}\.tmp$", ".*.tmp", name)  # one entry for all of a file's temporaries
         with self.mutex:
             self.counters.synced[name] = self.counters.synced.get(name, 0) + 1
 
@@ -539,7 +542,7 @@ class PowerCutFS:
 
     def counters(self) -> dict[str, Any]:
         """Bytes written, writes, fsyncs, folder fsyncs, cuts so far; fsyncs per file name (`synced`)."""
-        data: dict[str, Any] = json.loads((self.mount / CONTROL).read_bytes().rstrip(b"\0"))
+        data: dict[str, Any] = json.loads((self.mount / CONTROL).read_bytes().split(b"\n", 1)[0])
         return data
 
     def reset_counters(self) -> None:
