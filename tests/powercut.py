@@ -208,7 +208,7 @@ class PowerCutOps:
     def _slow(self) -> None:
         low, high = self.delay
         if high > 0:
-            time.sleep(random.uniform(low, high))
+            time.sleep(random.uniform(low, high))  # the fault itself: an fsync that takes this long (slow flash)
 
     # -- the control file ------------------------------------------------------------------------------
 
@@ -510,7 +510,7 @@ class PowerCutFS:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.close()
                 raise RuntimeError(f"the power-cut filesystem did not mount: {self.log.read_text()[-2000:]}")
-            time.sleep(0.05)
+            time.sleep(0.05)  # polling for the mount (a condition with a deadline): FUSE gives no event
 
     def _say(self, words: str) -> None:
         fd = os.open(self.mount / CONTROL, os.O_WRONLY)
