@@ -95,8 +95,8 @@ def test_publish_mode_events_holds_results_back_but_for_the_summary() -> None:
 @pytest.mark.parametrize(
     ("pipeline", "key", "message"),
     [
-        ({"zones": [{"name": "z", "points": [[0, 0], [0.5, 0], [0, 0.5]]}]}, "pipelines[0]", "set postprocess type"),
-        ({"tracking": {"enabled": True}}, "pipelines[0]", "set postprocess type detect"),
+        ({"zones": [{"name": "z", "points": [[0, 0], [0.5, 0], [0, 0.5]]}]}, "pipelines[0]", "set a postprocess type"),
+        ({"tracking": {"enabled": True}}, "pipelines[0]", "set a postprocess type that gives them"),
         ({"publish": {"mode": "events"}, "postprocess": {"type": "detect"}}, "pipelines[0]", "enable tracking"),
         (
             {"zones": [{"name": "z", "points": [[0, 0], [700, 0], [0, 10]]}], "frame_size": [640, 480]},

@@ -197,4 +197,4 @@ def test_a_second_model_that_does_not_fit_its_preprocess_is_a_check_config_error
     cfg["pipelines"][0]["postprocess"] = {"type": "classify"}
     with pytest.raises(ConfigError) as err:
         config_from_dict(cfg)
-    assert "secondary work on detections: set postprocess type detect" in str(err.value)
+    assert "secondary work on detections: set a postprocess type that gives them" in str(err.value)

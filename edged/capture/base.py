@@ -147,7 +147,9 @@ class Source(Supervised):
 
 SourceFactory = Callable[..., Source]
 # type key -> (config model, Source class); each source module registers itself
-SOURCES: Registry[SourceFactory] = Registry("source", "type", ("edged.capture.camera", "edged.capture.sensor"))
+SOURCES: Registry[SourceFactory] = Registry(
+    "source", "type", ("edged.capture.camera", "edged.capture.sensor"), plugins="edged.sources"
+)
 
 
 def make_source(cfg: Any, **kwargs: Any) -> Source:

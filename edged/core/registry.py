@@ -6,12 +6,16 @@ that tests may swap entries in."""
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable, Sequence
 from functools import reduce
+from importlib.metadata import entry_points
 from operator import or_
 from typing import Annotated, Any, Generic, TypeVar
 
 from pydantic import BaseModel, Discriminator, Field, Tag
+
+log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -19,13 +23,23 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Registry(Generic[F]):
     """Type key -> (config model, factory) for one kind of part (sources, postprocessors, ...)."""
 
-    def __init__(self, kind: str, key_field: str, builtins: Sequence[str], default_key: str | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        key_field: str,
+        builtins: Sequence[str],
+        default_key: str | None = None,
+        *,
+        plugins: str | None = None,
+    ) -> None:
         self.kind = kind
         self.key_field = key_field  # the config key that picks the part: `type`, `mode`
         self.default_key = default_key  # the part a section without `key_field` gets (None: the key is required)
         self.builtins = tuple(builtins)  # modules of the built-in parts, imported when the registry is read
+        self.plugins = plugins  # the entry-point group third-party packages register their parts under
         self.factories: dict[str, F] = {}
         self.configs: dict[str, type[BaseModel]] = {}
+        self._plugins_loaded = False
 
     def register(self, key: str, config: type[BaseModel]) -> Callable[[F], F]:
         """Decorator for the part's class (or factory function)."""
@@ -38,9 +52,25 @@ class Registry(Generic[F]):
         return deco
 
     def load_builtins(self) -> None:
-        """Import the built-in parts' modules (each registers itself)."""
+        """Import the built-in parts' modules (each registers itself), then, once, the installed plugins."""
         for module in self.builtins:
             importlib.import_module(module)
+        if self.plugins is not None and not self._plugins_loaded:
+            self._plugins_loaded = True
+            self._load_plugins(self.plugins)
+
+    def _load_plugins(self, group: str) -> None:
+        """Import every module a package names under the entry-point group (`[project.entry-points."edged.
+        postprocessors"] mine = "mypkg.decoder"`); importing it registers its part as the built-ins do. A plugin
+        that fails to import is logged with its name and skipped: the config then names its type as unknown."""
+        for entry in entry_points(group=group):
+            try:
+                entry.load()
+            except Exception:  # noqa: PERF203  (once per plugin at start-up; any failure is the plugin's)
+                log.exception("%s plugin %s (%s) failed to load; its type is not available", self.kind, entry.name,
+                              entry.value)  # fmt: skip
+            else:
+                log.debug("%s plugin %s loaded from %s", self.kind, entry.name, entry.value)
 
     def factory(self, key: str) -> F:
         """The factory registered under `key`."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -26,7 +27,8 @@ def labels_field() -> Any:
     return Field(
         None,
         description="The labels in class order: inline ([person, car]) or a UTF-8 text file with one label per line "
-        "(blank lines skipped); default: the model's edged.labels metadata.",
+        "(blank lines skipped); default: the model's metadata (edged.labels, else Ultralytics' names or "
+        "PaddlePaddle's character).",
     )
 
 
@@ -71,9 +73,19 @@ class PostprocessorFactory(Protocol):
         ...
 
 
-# type key -> (config model, factory); each postprocessor registers itself (detect lives in detect.py)
+# type key -> (config model, factory); each postprocessor registers itself in its own module; third-party
+# decoders come in through the `edged.postprocessors` entry point (README: "Your own decoder")
 POSTPROCESSORS: Registry[PostprocessorFactory] = Registry(
-    "postprocessor", "type", ("edged.model.postprocess", "edged.model.detect")
+    "postprocessor",
+    "type",
+    (
+        "edged.model.postprocess",
+        "edged.model.detect",
+        "edged.model.centernet",
+        "edged.model.gfl",
+        "edged.model.text",
+    ),
+    plugins="edged.postprocessors",
 )
 
 
@@ -87,9 +99,28 @@ def load_labels(path: list[str] | Path | None, metadata: dict[str, str]) -> list
         except OSError as exc:
             raise ModelError(f"cannot read labels file {path}: {exc.strerror}") from exc
     raw = metadata.get(LABELS_KEY)
-    if not raw:
-        return None
-    return [str(x) for x in metadata_json(raw, LABELS_KEY, list)]
+    if raw:
+        return [str(x) for x in metadata_json(raw, LABELS_KEY, list)]
+    return exporter_labels(metadata)
+
+
+def exporter_labels(metadata: dict[str, str]) -> list[str] | None:
+    """Labels as other exporters store them: Ultralytics' `names` (a Python dict literal {0: 'person', ...})
+    and PaddlePaddle's `character` (one label per line); None when neither is there or readable."""
+    names = metadata.get("names")
+    if names:
+        try:
+            parsed = ast.literal_eval(names)
+        except (ValueError, SyntaxError):
+            parsed = None
+        if isinstance(parsed, dict) and all(isinstance(k, int) for k in parsed):
+            return [str(parsed[k]) for k in sorted(parsed)]
+        if isinstance(parsed, list):
+            return [str(x) for x in parsed]
+    character = metadata.get("character")
+    if character:
+        return [line.strip() for line in character.splitlines() if line.strip()]
+    return None
 
 
 class Classify:
@@ -152,7 +183,7 @@ class Raw:
 @POSTPROCESSORS.register("classify", ClassifyConfig)
 def make_classify(
     cfg: ClassifyConfig,
-    output_names: list[str],  # noqa: ARG001
+    output_names: list[str],
     output_shapes: list[list[Any]],
     metadata: dict[str, str],
     input_size: tuple[int, int] | None,  # noqa: ARG001
@@ -160,6 +191,13 @@ def make_classify(
     """`classify`: top-k; the labels must match the classes of the output."""
     labels = load_labels(cfg.labels, metadata)
     shape = output_shapes[0]
+    spread = [d for d in shape[1:] if not isinstance(d, int) or d != 1]
+    if len(spread) > 1:
+        raise ModelError(
+            f"classify needs one score per class ([1, classes]); the model's first output {output_names[0]} is "
+            f"{shape}, a map or a detection head: use the postprocess type of its family (detect, centernet, "
+            "gfl, text) or raw"
+        )
     classes = shape[-1] if shape and isinstance(shape[-1], int) else None
     if labels is not None and classes is not None and len(labels) != classes:
         raise ModelError(

@@ -52,6 +52,7 @@ class PreprocessSpec:
     mean: tuple[float, ...] = (0.0,)
     std: tuple[float, ...] = (1.0,)
     pad_value: int = 114
+    anchor: str = "center"  # where a letterboxed frame sits: centre (padding on both sides) or top_left
 
     @property
     def channels(self) -> int:
@@ -99,6 +100,12 @@ class PreprocessSpec:
     def check_against(self, input_shape: list[Any], input_type: str) -> None:
         """Raise ModelError when the tensor this spec produces does not fit the model input."""
         want = self.tensor_shape
+        if input_shape and isinstance(input_shape[0], int) and input_shape[0] > 1:
+            raise ModelError(
+                f"model input is fixed at batch {input_shape[0]} ({input_shape}): a placeholder size from its "
+                "export, while edged runs one frame at a time; re-export it with batch 1 or a dynamic batch "
+                "(and the input size you run, or dynamic height and width)"
+            )
         if len(input_shape) != 4:
             raise ModelError(f"model input has rank {len(input_shape)} {input_shape}; edged feeds images as rank 4")
         for got, expected in zip(input_shape, want, strict=True):
@@ -177,6 +184,13 @@ class Geometry:
         np.clip(out[:, 1::2], 0.0, float(self.height), out=out[:, 1::2])
         return out
 
+    def points_to_source(self, points: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """[..., 2] x, y in model-input pixels -> source-frame pixels, clipped to the frame."""
+        out = np.empty_like(points, dtype=np.float32)
+        out[..., 0] = np.clip((points[..., 0] - self.pad_x) / self.scale_x, 0.0, float(self.width))
+        out[..., 1] = np.clip((points[..., 1] - self.pad_y) / self.scale_y, 0.0, float(self.height))
+        return out
+
 
 class Preprocessor:
     """Callable turning a BGR uint8 frame into a contiguous input tensor."""
@@ -225,6 +239,8 @@ class Preprocessor:
             return Geometry(fw, fh, w / fw, h / fh, 0, 0)
         scale = min(w / fw, h / fh)
         nw, nh = max(1, round(fw * scale)), max(1, round(fh * scale))
+        if self.spec.anchor == "top_left":
+            return Geometry(fw, fh, nw / fw, nh / fh, 0, 0)
         return Geometry(fw, fh, nw / fw, nh / fh, (w - nw) // 2, (h - nh) // 2)
 
     def _fit(self, frame: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:

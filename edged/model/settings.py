@@ -89,6 +89,11 @@ class PreprocessConfig(Strict):
     mean: list[float] | None = Field(None, description="Subtract per channel after scaling.")
     std: list[float] | None = Field(None, description="Divide per channel after subtracting the mean.")
     pad_value: int | None = Field(None, ge=0, le=255, description="Letterbox border colour (grey level).")
+    anchor: Literal["center", "top_left"] | None = Field(
+        None,
+        description="Where a letterboxed frame sits in the input: center (default; YOLOv5/v8 style) or top_left "
+        "(padding right and below, as some models' own code pads).",
+    )
 
 
 def _known_provider_names() -> set[str]:

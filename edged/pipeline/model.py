@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import numpy.typing as npt
 
 from edged.capture.sensor import SensorSourceConfig
@@ -107,18 +108,72 @@ def check_pipeline_model(cfg: PipelineConfig, state_dir: Path) -> tuple[str, str
     except EdgedError as exc:
         unloadable = load_problem(model.path)
         return "model.path", f"ONNX Runtime cannot load it: {unloadable}" if unloadable else str(exc)
-    try:
-        _, _, input_size = _preparation(cfg, loaded)
-    except EdgedError as exc:
-        return ("source" if isinstance(cfg.source, SensorSourceConfig) else "preprocess"), str(exc)
-    try:
-        _postprocessor(cfg, loaded, input_size)
-    except EdgedError as exc:
-        return "postprocess", str(exc)
+    found = _check_loaded(cfg, loaded)
+    if found is not None:
+        return found
     for i, second in enumerate(cfg.secondary):
         found = secondary_problem(second, state_dir)
         if found is not None:
             return f"secondary.{i}.{found[0]}", found[1]
+    return None
+
+
+def _check_loaded(cfg: PipelineConfig, loaded: LoadedModel) -> tuple[str, str] | None:
+    extra = extra_inputs(loaded)
+    if extra:
+        return "model.path", extra
+    try:
+        pre, _, input_size = _preparation(cfg, loaded)
+    except EdgedError as exc:
+        return ("source" if isinstance(cfg.source, SensorSourceConfig) else "preprocess"), str(exc)
+    try:
+        post = _postprocessor(cfg, loaded, input_size)
+    except EdgedError as exc:
+        return "postprocess", str(exc)
+    return dry_run(cfg, loaded, pre, post)
+
+
+def extra_inputs(loaded: LoadedModel) -> str | None:
+    """Why a model with more inputs than the one edged feeds cannot run, or None."""
+    inputs = loaded.session.get_inputs()
+    if len(inputs) == 1:
+        return None
+    described = ", ".join(f"{i.name} {list(i.shape)}" for i in inputs)
+    return (
+        f"the model has {len(inputs)} inputs ({described}); edged feeds one (the frame or sensor window) and "
+        "cannot fill the others (a recurrent state, a sample rate): export the model with one input, or with "
+        "the others folded in as constants"
+    )
+
+
+def dry_run(
+    cfg: PipelineConfig, loaded: LoadedModel, pre: Preprocessor | WindowTransform, post: Postprocessor
+) -> tuple[str, str] | None:
+    """Run a synthetic frame (or sensor window) through preprocess -> model -> postprocess, as the first
+    real one will go: (the config key at fault, why) when a step fails, with the shapes it saw."""
+    rng = np.random.default_rng(0)  # noise, not a blank: decoders see scores and sizes of every kind
+    geometry = None
+    if isinstance(pre, WindowTransform):
+        tensor = pre(rng.standard_normal((pre.spec.window, len(pre.spec.channels))).astype(np.float32))
+    else:
+        w, h = cfg.frame_size or pre.spec.size
+        tensor = pre(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        geometry = pre.geometry(w, h)
+    try:
+        outputs = loaded.run(tensor)
+    except Exception as exc:  # noqa: BLE001  (ONNX Runtime's own error types: any of them means run fails)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        key = "source" if isinstance(pre, WindowTransform) else "preprocess"
+        return key, f"ONNX Runtime cannot run the model on the input edged makes, {list(tensor.shape)}: {first}"
+    try:
+        with np.errstate(all="ignore"):  # noise may overflow an exp: a real frame's business, not a misfit
+            post(outputs, geometry) if geometry is not None else post(outputs)
+    except Exception as exc:  # noqa: BLE001  (a decoder that does not fit fails in numpy as often as in edged)
+        shapes = ", ".join(f"{n} {list(np.shape(o))}" for n, o in zip(loaded.output_names, outputs, strict=True))
+        return "postprocess", (
+            f"postprocess {cfg.postprocess.type} cannot read this model's outputs ({shapes}): {exc}; "
+            "pick the postprocess type of the model's family (see the README's decoders), or raw"
+        )
     return None
 
 

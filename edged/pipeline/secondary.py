@@ -30,10 +30,13 @@ from edged.model.session import LoadedModel, load_model, warm_up
 from edged.model.settings import ModelConfig, PreprocessConfig
 
 if TYPE_CHECKING:
+    from edged.model.centernet import CenterNetConfig
     from edged.model.detect import DetectConfig
+    from edged.model.gfl import GflConfig
     from edged.model.postprocess import RawConfig
+    from edged.model.text import TextConfig
 
-    CropPostprocess = ClassifyConfig | RawConfig | DetectConfig
+    CropPostprocess = ClassifyConfig | RawConfig | DetectConfig | CenterNetConfig | GflConfig | TextConfig
 else:
     CropPostprocess = POSTPROCESSORS.config_union()
 

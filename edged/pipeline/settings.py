@@ -23,12 +23,15 @@ from edged.pipeline.tracking import TrackingConfig
 
 if TYPE_CHECKING:  # mypy sees the built-in parts; at run time the unions hold whatever is registered
     from edged.capture.camera import CameraSourceConfig
+    from edged.model.centernet import CenterNetConfig
     from edged.model.detect import DetectConfig
+    from edged.model.gfl import GflConfig
     from edged.model.postprocess import RawConfig
+    from edged.model.text import TextConfig
     from edged.pipeline.publish import EventsConfig, IntervalConfig, OnChangeConfig
 
     SourceConfig = CameraSourceConfig | SensorSourceConfig
-    PostprocessConfig = ClassifyConfig | RawConfig | DetectConfig
+    PostprocessConfig = ClassifyConfig | RawConfig | DetectConfig | CenterNetConfig | GflConfig | TextConfig
     PublishConfig = EveryConfig | OnChangeConfig | IntervalConfig | EventsConfig
 else:
     SourceConfig = SOURCES.config_union()
@@ -98,8 +101,11 @@ class PipelineConfig(Strict):
     def _scene_needs_detections(self) -> PipelineConfig:
         used = [k for k in ("masks", "zones", "secondary") if getattr(self, k)]
         used += ["tracking"] if self.tracking.enabled else []
-        if used and self.postprocess.type != "detect":
-            raise ValueError(f"{', '.join(used)} work on detections: set postprocess type detect")
+        if used and not getattr(self.postprocess, "DETECTIONS", False):
+            raise ValueError(
+                f"{', '.join(used)} work on detections: set a postprocess type that gives them "
+                "(detect, centernet, gfl, text)"
+            )
         names = [s.name for s in self.secondary]
         if len(set(names)) != len(names):
             raise ValueError(f"secondary model names must be unique: {names}")

@@ -130,7 +130,7 @@ class Discovery:
             out.append(self._entity("sensor", f"{name}_top_score", f"{name} top score", state_topic=results,
                                     state_class="measurement", value_template="{{ value_json.result.top[0].score "
                                     "| round(3) if value_json.result.top else 0 }}"))  # fmt: skip
-        elif kind == "detect":
+        elif getattr(p.postprocess, "DETECTIONS", False):  # detect, centernet, gfl, text, a plugin's
             out += self._detections(p, results)
         diag = {"state_topic": self.stats_topic, "entity_category": "diagnostic"}
         out.append(self._entity("sensor", f"{name}_fps", f"{name} frames/s", value_template=self._stats(name, "fps"),
