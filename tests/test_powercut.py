@@ -98,7 +98,9 @@ class Device:
         stored = self.committed() if not self.fs.dead else set()
         self.fs.cut()
         self.daemon.proc.kill()
-        self.daemon.proc.communicate(timeout=30)
+        # a killed process exits once the (Python, here) disk server has answered its last calls: on a
+        # loaded machine that takes a while, so the deadline is generous; the wait ends when it exits
+        self.daemon.proc.communicate(timeout=180)
         self.fs.boot()
         return stored
 
