@@ -31,10 +31,11 @@ class CountingReader:
         self._inputs = inputs
         self._advance = advance
         self._i = 0
+        self._end = len(inputs)
 
     def get_next(self) -> dict[str, Tensor] | None:
-        """The next input feed, or None at the end."""
-        if self._i >= len(self._inputs):
+        """The next input feed, or None at the end (of the range `set_range` chose)."""
+        if self._i >= self._end:
             return None
         self._i += 1
         self._advance(1)
@@ -43,6 +44,13 @@ class CountingReader:
     def rewind(self) -> None:
         """Start over (a calibrator may read the data twice)."""
         self._i = 0
+        self._end = len(self._inputs)
+
+    def set_range(self, start_index: int, end_index: int) -> None:
+        """Read only inputs [start_index, end_index): ORT's strided calibration collects (and then drops the
+        activations of) one such slice at a time, which is what bounds quantize's memory."""
+        self._i = start_index
+        self._end = min(end_index, len(self._inputs))
 
     def __iter__(self) -> Iterator[dict[str, Tensor]]:
         """Iterate the feeds (some ORT versions iterate instead of calling get_next)."""

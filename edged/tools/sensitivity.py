@@ -17,10 +17,11 @@ import contextlib
 import logging
 import math
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from edged.core.errors import ToolError
 from edged.tools.common import require_onnx
@@ -28,7 +29,7 @@ from edged.tools.frames import Tensor
 
 log = logging.getLogger(__name__)
 
-FRAMES = 8  # enough to rank the nodes; the activations of every tensor of both models are held in memory
+FRAMES = 8  # enough to rank the nodes (one frame's activations of both models are held at a time)
 SHARE = 0.05  # of the quantized graph's nodes whose output tensors stay in float
 CLEAN_DB = 60.0  # the SQNR a node's input counts as when nothing before it was quantized
 
@@ -87,28 +88,20 @@ MAX_REGION = 8  # nodes one stretch may keep in float
 def tensor_errors(
     float_model: Path, int8_model: Path, input_name: str, inputs: list[Tensor], tmp: Path
 ) -> list[TensorError]:
-    """Every tensor both models hold, noisiest (most SQNR lost on the way to it) first."""
-    from onnxruntime.quantization import qdq_loss_debug as debug  # noqa: PLC0415
+    """Every tensor both models hold, noisiest (most SQNR lost on the way to it) first.
 
+    Frame by frame: both models' intermediate tensors for one frame are compared and folded into per-tensor
+    sums of signal and noise power, then dropped, so memory holds one frame's activations of the two models,
+    however many frames are used (the SQNR over the frames is the same as ORT's over all of them at once)."""
     onnx = require_onnx()
-    frames = inputs[:FRAMES]
-    activations = []
-    # ORT's calibrater prints to stdout, which is for --json
-    with contextlib.redirect_stdout(sys.stderr):
-        for label, path in (("fp32", float_model), ("int8", int8_model)):
-            augmented = tmp / f"{path.stem}.{label}.debug.onnx"
-            try:
-                debug.modify_model_output_intermediate_tensors(str(path), str(augmented))
-                activations.append(debug.collect_activations(str(augmented), _feeds(input_name, frames)))
-            except Exception as exc:
-                raise ToolError(f"could not read the {label} model's intermediate outputs: {exc}") from exc
-    float_acts, int8_acts = activations
-    matched = debug.create_activation_matching(int8_acts, float_acts)
-    sqnr = {
-        name: debug.compute_signal_to_quantization_noice_ratio(m["float"], m["post_qdq"])
-        for name, m in matched.items()
-        if m.get("float")
-    }
+    with contextlib.redirect_stdout(sys.stderr):  # ORT's calibrater prints to stdout, which is for --json
+        float_sess = _augmented_session("fp32", float_model, tmp)
+        int8_sess = _augmented_session("int8", int8_model, tmp)
+    try:
+        power = _noise_power(float_sess, int8_sess, input_name, inputs[:FRAMES])
+    except Exception as exc:
+        raise ToolError(f"could not compare the models' intermediate outputs: {exc}") from exc
+    sqnr = {name: 10 * math.log10(max(signal, EPS) / max(noise, EPS)) for name, (signal, noise) in power.items()}
     graph = onnx.load(str(float_model)).graph
     shape = _Graph.of(graph)
     found: list[TensorError] = []
@@ -118,6 +111,54 @@ def tensor_errors(
                 before, region = shape.upstream(node, sqnr)
                 found.append(TensorError(out, node.name, node.op_type, sqnr[out], before - sqnr[out], tuple(region)))
     return sorted(found, key=lambda e: -e.added_db)
+
+
+SAVED_SUFFIX = "_ReshapedSavedOutput"  # how ORT's qdq_loss_debug names the intermediate outputs it adds
+EPS = float(np.finfo(np.float64).eps) ** 2  # ORT's SQNR floors both norms at eps (here: squared norms)
+
+
+def _augmented_session(label: str, path: Path, tmp: Path) -> Any:
+    """A session of the model with every intermediate tensor as an extra output (ORT's qdq_loss_debug)."""
+    import onnxruntime as ort  # noqa: PLC0415
+    from onnxruntime.quantization import qdq_loss_debug as debug  # noqa: PLC0415
+
+    augmented = tmp / f"{path.stem}.{label}.debug.onnx"
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as qdq_loss_debug runs it
+    opts.log_severity_level = 3
+    try:
+        debug.modify_model_output_intermediate_tensors(str(path), str(augmented))
+        return ort.InferenceSession(str(augmented), sess_options=opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise ToolError(f"could not read the {label} model's intermediate outputs: {exc}") from exc
+
+
+def _activations(sess: Any, feed: dict[str, Tensor]) -> dict[str, list[Tensor]]:
+    names = [o.name for o in sess.get_outputs()]
+    return {
+        n.removesuffix(SAVED_SUFFIX): [out]
+        for n, out in zip(names, sess.run(None, feed), strict=True)
+        if n.endswith(SAVED_SUFFIX)
+    }
+
+
+def _noise_power(float_sess: Any, int8_sess: Any, input_name: str, frames: list[Tensor]) -> dict[str, list[float]]:
+    """Per tensor: [sum of the float tensor's squares, sum of the squared int8 - float differences]."""
+    from onnxruntime.quantization import qdq_loss_debug as debug  # noqa: PLC0415
+
+    power: dict[str, list[float]] = {}
+    for x in frames:
+        feed = {input_name: x}
+        matched = debug.create_activation_matching(_activations(int8_sess, feed), _activations(float_sess, feed))
+        for name, m in matched.items():
+            if not m.get("float"):
+                continue
+            ref = np.asarray(m["float"][0], dtype=np.float64).reshape(-1)
+            got = np.asarray(m["post_qdq"][0], dtype=np.float64).reshape(-1)
+            acc = power.setdefault(name, [0.0, 0.0])
+            acc[0] += float(ref @ ref)
+            acc[1] += float((ref - got) @ (ref - got))
+    return power
 
 
 def nodes_to_float(float_model: Path, errors: list[TensorError], share: float = SHARE) -> tuple[str, ...]:
@@ -152,7 +193,3 @@ def name_nodes(model: Any) -> int:
             taken.add(candidate)
             named += 1
     return named
-
-
-def _feeds(input_name: str, frames: list[Tensor]) -> Iterator[dict[str, Tensor]]:
-    return iter([{input_name: x} for x in frames])

@@ -1,0 +1,74 @@
+"""`edged quantize` fits a Pi: its memory does not grow with the number of calibration frames, it leaves no
+file outside its output, keeps ORT's chatter out of the terminal, and refuses a model already quantized.
+
+On a real third-party model: PaddleOCR's PP-OCRv4 text detector (tests/third_party.py), whose histogram
+calibration used to hold every intermediate tensor of every frame (22.9 GB for 64 frames of 640x480).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import pytest
+import third_party as tp
+
+DET = ("rapidocr_onnxruntime", "models/ch_PP-OCRv4_det_infer.onnx")
+PRE = {"size": [320, 256], "color": "rgb", "scale": 1 / 255, "mean": [0.5], "std": [0.5]}
+PEAK = (
+    "import resource, subprocess, sys\n"
+    "rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=open(sys.argv[0] + '.err', 'w')).returncode\n"
+    "print(rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def calib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("calib")
+    for i in range(12):
+        page = tp.document_page(i % 4) if i % 2 == 0 else tp.face_frames()[i % 7]
+        cv2.imwrite(str(folder / f"{i:03d}.png"), cv2.resize(page, (320, 256)))
+    return folder
+
+
+def quantize(model: Path, out: Path, calib: Path, frames: int, cwd: Path) -> tuple[int, int, str]:
+    """(exit code, peak RSS in KiB, stderr) of `edged quantize` with one histogram recipe."""
+    script = cwd.parent / f"peak-{frames}.py"
+    script.write_text(PEAK, encoding="utf-8")
+    cmd = [sys.executable, "-m", "edged", "quantize", str(model), "-o", str(out), "--calib", str(calib),
+           "--calib-limit", str(frames), "--recipe", "u8s8-entropy", "--preprocess", json.dumps(PRE)]  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, str(script), *cmd], cwd=cwd, capture_output=True, text=True, timeout=600, check=True
+    )
+    rc, peak = (int(x) for x in res.stdout.split())
+    return rc, peak, Path(f"{script}.err").read_text(encoding="utf-8")
+
+
+@pytest.mark.timeout(900)
+def test_quantize_memory_does_not_grow_with_the_frames(tmp_path: Path, calib: Path) -> None:
+    model = tp.package_dir(DET[0]) / DET[1]
+    work = tmp_path / "cwd"
+    work.mkdir()
+    rc4, few, _ = quantize(model, tmp_path / "a.int8.onnx", calib, 4, work)
+    rc16, many, err = quantize(model, tmp_path / "b.int8.onnx", calib, 12, work)
+    assert rc4 == rc16 == 0, err
+    # three times the frames: the same memory (held at once, they would be ~3x the activations)
+    assert many < few * 1.3, f"peak RSS {many} KiB with 12 frames vs {few} KiB with 4"
+    assert many < 2 * 1024 * 1024, f"peak RSS {many} KiB"
+    assert list(work.iterdir()) == [], "quantize left files in the working directory"
+    assert len(err.splitlines()) < 40, f"ORT's chatter reached the terminal:\n{err[:2000]}"
+    assert "Initializer" not in err
+
+
+def test_quantize_refuses_a_model_already_quantized(tmp_path: Path) -> None:
+    int8 = Path(__file__).resolve().parent.parent / "edged" / "assets" / "digits.int8.onnx"
+    out = tmp_path / "x.onnx"
+    cmd = [sys.executable, "-m", "edged", "quantize", str(int8), "-o", str(out), "--calib", str(tmp_path)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 1, res.stderr
+    assert "is already quantized" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not out.exists()
