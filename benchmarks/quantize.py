@@ -197,6 +197,8 @@ def render(rows: list[dict[str, Any]]) -> str:
 
 
 def _candidate(c: dict[str, Any]) -> str:
+    if c["speedup"] is None:
+        return f"{c['recipe']} ({c['why']})"
     return f"{c['recipe']} {c['speedup']:.2f}x" + ("" if c["passed"] else f" (fails: {c['why']})")
 
 

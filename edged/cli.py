@@ -89,8 +89,13 @@ def _frame_size(text: str) -> tuple[int, int]:
 
 
 def _preprocess_args(p: argparse.ArgumentParser) -> None:
-    group = p.add_argument_group("preprocessing (default: the model's edged.preprocess metadata)")
-    group.add_argument("--config", type=Path, help="take the preprocess section of a pipeline in this config")
+    group = p.add_argument_group("the pipeline (default: the model's edged.preprocess metadata)")
+    group.add_argument(
+        "--config",
+        type=Path,
+        help="take preprocessing from a pipeline of this config (and, for quantize and validate, its postprocess: "
+        "the daemon's decoder is the judge)",
+    )
     group.add_argument("--pipeline", help="which pipeline of --config (when it has several)")
     group.add_argument("--preprocess", metavar="JSON", help="keys as in the config, e.g. '{\"size\": [224, 224]}'")
 
@@ -217,7 +222,31 @@ def _quantize_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     q.add_argument("--shape", type=_shape, help="pin dynamic input axes, e.g. 1,3,224,224")
     q.add_argument("--no-optimize", action="store_true", help="skip ORT's graph optimisation in pre-processing")
     q.add_argument("--json", action="store_true", help="machine-readable report")
+    _gate_args(q)
     _preprocess_args(q)
+
+
+def _gate_args(p: argparse.ArgumentParser, *, cosine_default: float = 0.98) -> None:
+    """The agreement gates an int8 model must keep (validate's verdict, quantize's choice of recipe)."""
+    g = p.add_argument_group("gates (by the task: top-1, matched boxes, masks; other outputs by cosine)")
+    g.add_argument("--min-top1", type=float, default=0.95, help="top-1 agreement (classifiers; default 0.95)")
+    g.add_argument("--min-topk", type=float, default=None, help="top-k overlap (default: not enforced)")
+    g.add_argument(
+        "--min-cosine",
+        type=float,
+        default=cosine_default,
+        help=f"mean cosine similarity per output not judged by its boxes or masks (default {cosine_default})",
+    )
+    g.add_argument(
+        "--min-detection-match", type=float, default=0.9, help="detectors: precision and recall (default 0.9)"
+    )
+    g.add_argument("--min-mask-iou", type=float, default=0.9, help="dense maps: mask IoU (default 0.9)")
+    g.add_argument(
+        "--max-pixel-error",
+        type=float,
+        default=0.02,
+        help="dense maps: mean absolute error per pixel as a share of the map's range (default 0.02)",
+    )
 
 
 def _validate_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
@@ -226,15 +255,8 @@ def _validate_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     v.add_argument("candidate", type=Path, help="the int8 model (or the same model on another provider)")
     v.add_argument("--data", type=Path, required=True, help="held-out frames: image folder, video, or .npz")
     v.add_argument("--limit", type=int, default=500, help="use at most this many frames (default 500)")
-    v.add_argument("--min-top1", type=float, default=0.95, help="top-1 agreement (classifiers; default 0.95)")
-    v.add_argument("--min-topk", type=float, default=None, help="top-k overlap (default: not enforced)")
+    _gate_args(v)
     v.add_argument("--top-k", type=int, default=5, help="k of the top-k overlap (default 5)")
-    v.add_argument(
-        "--min-cosine",
-        type=float,
-        default=0.98,
-        help="mean cosine similarity per output not judged by its boxes or masks (default 0.98)",
-    )
     v.add_argument("--max-abs", type=float, default=None, help="max absolute error per output (default: not enforced)")
     v.add_argument("--rtol", type=float, default=1e-3, help="np.allclose rtol (default 1e-3)")
     v.add_argument("--atol", type=float, default=1e-3, help="np.allclose atol (default 1e-3)")
@@ -245,16 +267,6 @@ def _validate_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
         choices=("auto", "classify", "detect", "dense", "raw"),
         default="auto",
         help="auto: from the first output's shape: a YOLO head or boxes, class scores [1, C], a map [1, C, H, W]",
-    )
-    v.add_argument(
-        "--min-detection-match", type=float, default=0.9, help="detectors: precision and recall (default 0.9)"
-    )
-    v.add_argument("--min-mask-iou", type=float, default=0.9, help="dense maps: mask IoU (default 0.9)")
-    v.add_argument(
-        "--max-pixel-error",
-        type=float,
-        default=0.02,
-        help="dense maps: mean absolute error per pixel as a share of the map's range (default 0.02)",
     )
     v.add_argument("--mask-threshold", type=float, default=0.5, help="dense maps: pixel on above (default 0.5)")
     v.add_argument("--ref-provider", default="CPUExecutionProvider", help="provider of the reference")

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.integration  # quantizes a model with every candidate r
 @pytest.fixture(scope="module")
 def model_and_frames(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     work = tmp_path_factory.mktemp("recipes")
-    return make_conv_model(work / "conv.fp32.onnx"), make_frames(work / "calib.npz", 40, seed=3)
+    # 64 frames: 48 calibrate, 16 are held out to judge (quantize's least held-out set)
+    return make_conv_model(work / "conv.fp32.onnx"), make_frames(work / "calib.npz", 64, seed=3)
 
 
 def fake_times(by_recipe: dict[str, float], fp32_ms: float) -> Callable[..., list[float]]:
@@ -197,3 +198,22 @@ def test_a_derived_recipe_or_unknown_nodes_are_refused_with_what_to_give(
             tmp_path / "q.onnx",
             QuantizeOptions(calib=calib, progress=False, recipe="u8s8", exclude_nodes=("Conv_99",)),
         )
+
+
+def test_when_no_recipe_passes_the_table_says_how_fast_and_how_far_each_missed(
+    model_and_frames: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gates can be set; when none is met, the error carries every candidate's speed and miss."""
+    from edged.tools.quantize import NoRecipePassedError
+    from edged.tools.validate import Thresholds
+
+    fp32, calib = model_and_frames
+    monkeypatch.setattr(recipes, "time_models", fake_times({"u8s8": 2.0}, fp32_ms=4.0))
+    impossible = Thresholds(min_top1=1.01)
+    with pytest.raises(NoRecipePassedError) as err:
+        quantize_model(fp32, tmp_path / "q.onnx", QuantizeOptions(calib=calib, progress=False, gates=impossible))
+    table = err.value.search["table"]
+    assert {row["recipe"] for row in table} >= set(recipes.CANDIDATES["cpu"])
+    assert all(row["int8_ms"] is not None and not row["passed"] for row in table)
+    assert all("top-1 agreement >= 1.01" in row["why"] for row in table)
+    assert not (tmp_path / "q.onnx").exists()

@@ -6,9 +6,16 @@ import argparse
 import functools
 import logging
 import sys
+from dataclasses import replace
 from typing import Any
 
-from edged.tools.common import preprocess_overrides, print_json, stderr_console, stdout_console
+from edged.tools.common import (
+    pipeline_postprocess,
+    preprocess_overrides,
+    print_json,
+    stderr_console,
+    stdout_console,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +56,7 @@ def _quantize(args: argparse.Namespace) -> int:
     from edged.tools.quantize import (  # noqa: PLC0415
         EXIT_SLOWER,
         Int8SlowerError,
+        NoRecipePassedError,
         QuantizeOptions,
         quantize_model,
         render_quantize,
@@ -76,19 +84,21 @@ def _quantize(args: argparse.Namespace) -> int:
         calib_limit=args.calib_limit,
         shape=args.shape,
         preprocess=preprocess_overrides(args.config, args.pipeline, args.preprocess),
+        postprocess=pipeline_postprocess(args.config, args.pipeline),
+        gates=_gates(args),
         percentile=args.percentile,
         optimize=not args.no_optimize,
         progress=_progress(args),
     )
     try:
         report = quantize_model(args.model, args.output, opts)
-    except Int8SlowerError as exc:
+    except (Int8SlowerError, NoRecipePassedError) as exc:
         if args.json:
             print_json({"written": False, "error": str(exc), "search": exc.search})
         else:
             render_search(exc.search)
             stderr_console().print(f"edged: {exc}", markup=False, highlight=False)
-        return EXIT_SLOWER
+        return EXIT_SLOWER if isinstance(exc, Int8SlowerError) else 1
     _emit(args, report, render_quantize)
     return 0
 
@@ -106,7 +116,7 @@ def _labels(given: str | None) -> list[str] | None:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from edged.tools.validate import Thresholds, ValidateOptions, render_validate, validate_models  # noqa: PLC0415
+    from edged.tools.validate import ValidateOptions, render_validate, validate_models  # noqa: PLC0415
 
     opts = ValidateOptions(
         data=args.data,
@@ -119,21 +129,27 @@ def _validate(args: argparse.Namespace) -> int:
         ref_provider=args.ref_provider,
         provider=args.provider,
         preprocess=preprocess_overrides(args.config, args.pipeline, args.preprocess),
+        postprocess=pipeline_postprocess(args.config, args.pipeline),
         progress=_progress(args),
     )
-    gates = Thresholds(
+    gates = replace(_gates(args), max_abs=args.max_abs, require_allclose=args.require_allclose)
+    report = validate_models(args.reference, args.candidate, opts, gates)
+    _emit(args, report, functools.partial(render_validate, wide=args.wide))
+    return 0 if report["passed"] else 1
+
+
+def _gates(args: argparse.Namespace) -> Any:
+    """The agreement gates given on the command line (validate, quantize)."""
+    from edged.tools.validate import Thresholds  # noqa: PLC0415
+
+    return Thresholds(
         min_top1=args.min_top1,
         min_topk=args.min_topk,
         min_cosine=args.min_cosine,
         min_mask_iou=args.min_mask_iou,
         max_pixel_error=args.max_pixel_error,
         min_detection_match=args.min_detection_match,
-        max_abs=args.max_abs,
-        require_allclose=args.require_allclose,
     )
-    report = validate_models(args.reference, args.candidate, opts, gates)
-    _emit(args, report, functools.partial(render_validate, wide=args.wide))
-    return 0 if report["passed"] else 1
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -111,6 +111,14 @@ def preprocess_overrides(
         raise ToolError(f"invalid preprocessing: {problems}") from exc
 
 
+def pipeline_postprocess(config: Path | None, pipeline: str | None) -> Any:
+    """The postprocess section of `--config FILE [--pipeline NAME]`, or None without a config: what the
+    daemon will decode the model's outputs with, so quantize and validate judge by that decode."""
+    if config is None:
+        return None
+    return _pick_pipeline(load_config(config).pipelines, pipeline, config).postprocess
+
+
 def _pick_pipeline(pipelines: list[PipelineConfig], name: str | None, config: Path) -> PipelineConfig:
     if name is None:
         if len(pipelines) > 1:

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from edged.tools.common import human_bytes, require_onnx, resolve_preprocessor, 
 from edged.tools.frames import Tensor, describe, holds_tensors, load_inputs
 from edged.tools.graph import input_signature, pin_input_shape, prune_opset_imports, upgrade_opset
 from edged.tools.progress import CountingReader, progress_bar
-from edged.tools.validate import Thresholds, ValidateOptions, detector_for, judge, output_task
+from edged.tools.validate import Thresholds, ValidateOptions, judge, task_judge
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +69,26 @@ class QuantizeOptions:
     target: str = "auto"  # cpu | tensorrt | auto (what this machine's providers say)
     accept_slower: bool = False  # write the best int8 model even when fp32 is faster here
     labels: list[str] | None = None  # written as the model's edged.labels metadata
+    postprocess: Any = None  # the pipeline's postprocess section (--config): candidates are judged by its decode
+    gates: Thresholds = GATES  # what a candidate must keep (validate's gates; the CLI sets them)
+
+    def judge(self) -> ValidateOptions:
+        """How candidates are compared with fp32 (validate's options, the pipeline's decoder)."""
+        return replace(JUDGE, postprocess=self.postprocess)
 
 
 class Int8SlowerError(ToolError):
     """Every int8 candidate that kept the answers was slower than fp32 on this machine; `search` holds the
     measurements (the CLI prints them and exits with EXIT_SLOWER)."""
+
+    def __init__(self, message: str, search: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.search = search
+
+
+class NoRecipePassedError(ToolError):
+    """No candidate kept the fp32 model's answers; `search` holds each one's speed and how far it missed
+    (the CLI prints the table, then the error)."""
 
     def __init__(self, message: str, search: dict[str, Any]) -> None:
         super().__init__(message)
@@ -127,7 +142,7 @@ def quantize_model(src: Path, out: Path, opts: QuantizeOptions) -> dict[str, Any
         result = onnx.load(str(raw))
     provenance = _provenance(src, opts, len(inputs), opset_before)
     if search is not None:
-        provenance["search"] = {k: v for k, v in search.items() if k != "table"} | {"candidates": search["table"]}
+        _note_search(search, len(inputs), provenance, notes)
     _note_float_activations(result, opts, notes)
     if opts.labels is not None:
         metadata = {**metadata, LABELS_KEY: json.dumps(opts.labels)}
@@ -148,6 +163,16 @@ def quantize_model(src: Path, out: Path, opts: QuantizeOptions) -> dict[str, Any
         "notes": notes,
         "seconds": round(time.monotonic() - started, 2),
     }
+
+
+def _note_search(search: dict[str, Any], frames: int, provenance: dict[str, Any], notes: list[str]) -> None:
+    """The search into the provenance; a note when too few frames left none to hold out."""
+    provenance["search"] = {k: v for k, v in search.items() if k != "table"} | {"candidates": search["table"]}
+    if search["held_out_shared"]:
+        notes.append(
+            f"only {frames} frames: the recipes were judged on the calibration frames themselves, which "
+            f"flatters them; give at least {2 * MIN_HELD_OUT} frames so that {MIN_HELD_OUT} are held out"
+        )
 
 
 def _write(  # noqa: PLR0917  (the model and what goes into its metadata)
@@ -190,12 +215,15 @@ def with_recipe(opts: QuantizeOptions, r: recipes.Recipe) -> QuantizeOptions:
     )
 
 
+MIN_HELD_OUT = 16  # held-out frames at least: with fewer, one frame moves a 0.95 gate by more than 5 points
+
+
 def split_held_out(inputs: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
-    """(calibration, held-out): the last fifth (4 to 64 frames) is held out to judge the candidates; with
-    fewer than 10 frames every frame does both (said in the notes)."""
-    if len(inputs) < 10:
+    """(calibration, held-out): the last quarter (MIN_HELD_OUT to 64 frames) is held out to judge the
+    candidates; with fewer than 2 x MIN_HELD_OUT frames every frame does both (the report says so)."""
+    if len(inputs) < 2 * MIN_HELD_OUT:
         return inputs, inputs
-    held = min(64, max(4, len(inputs) // 5))
+    held = min(64, max(MIN_HELD_OUT, len(inputs) // 4))
     return inputs[:-held], inputs[-held:]
 
 
@@ -211,7 +239,9 @@ class _Trial:
     tmp: Path
     reference: list[list[Tensor]]
     names: list[str]
+    task: str
     detector: Any = None
+    failed: list[dict[str, Any]] = field(default_factory=list)  # table rows of recipes ORT could not apply
 
     @classmethod
     def of(  # noqa: PLR0917  (the prepared model and its surroundings)
@@ -221,23 +251,26 @@ class _Trial:
         parent = recipes.session(src)
         reference = recipes.outputs(parent, name, held)
         names = [o.name for o in parent.get_outputs()]
-        detector = None
-        if output_task(tuple(np.asarray(reference[0][0]).shape)) == "detect":  # judge a detector by its boxes
-            shapes = [list(o.shape) for o in parent.get_outputs()]
-            size = (int(held[0].shape[-1]), int(held[0].shape[-2]))
-            detector = detector_for(names, shapes, dict(parent.get_modelmeta().custom_metadata_map), size)
-        return cls(prepared, name, calib, held, opts, tmp, reference, names, detector)
+        shapes = [list(o.shape) for o in parent.get_outputs()]
+        size = (int(held[0].shape[-1]), int(held[0].shape[-2]))
+        metadata = dict(parent.get_modelmeta().custom_metadata_map)
+        task, detector = task_judge(opts.judge(), names, shapes, metadata, size, reference[0])
+        return cls(prepared, name, calib, held, opts, tmp, reference, names, task, detector)
 
     def run(self, r: recipes.Recipe) -> tuple[recipes.Recipe, Path, dict[str, Any]] | None:
-        """(recipe, model, verdict), or None when ORT cannot quantize the model this way (logged)."""
+        """(recipe, model, verdict), or None when ORT cannot quantize the model this way (logged, and kept in
+        `failed` for the table)."""
         path = self.tmp / f"{r.name}.onnx"
         try:
             _quantize_static(self.prepared, path, self.name, self.calib, with_recipe(self.opts, r))
         except ToolError as exc:
             log.info("recipe %s: quantization failed: %s", r.name, exc)
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self.failed.append(_failed_row(r, why[:200]))
             return None
         outs = recipes.outputs(recipes.session(path), self.name, self.held)
-        return r, path, judge(self.names, self.reference, outs, JUDGE, GATES, self.detector)
+        judging = replace(self.opts.judge(), task=self.task)
+        return r, path, judge(self.names, self.reference, outs, judging, self.opts.gates, self.detector)
 
 
 def _search(  # noqa: PLR0917  (the prepared model and its surroundings)
@@ -252,29 +285,36 @@ def _search(  # noqa: PLR0917  (the prepared model and its surroundings)
     trial = _Trial.of(src, prepared, name, inputs, opts, tmp)
     tried = [t for r in recipes.candidates(target) if (t := trial.run(r)) is not None]
     if not tried:
-        raise ToolError("every candidate recipe failed to quantize this model (see the log)")
+        raise ToolError(
+            "every candidate recipe failed to quantize this model: "
+            + "; ".join(f"{row['recipe']}: {row['why']}" for row in trial.failed)
+        )
     with progress_bar("timing fp32 and int8", recipes.ROUNDS * (len(tried) + 1), enabled=opts.progress) as tick:
         times = recipes.time_models([src] + [path for _, path, _ in tried], name, trial.held[0], tick)
     fp32_ms = times[0]
     table = [_row(r, verdict, ms, fp32_ms) for (r, _, verdict), ms in zip(tried, times[1:], strict=True)]
     _try_noisiest_in_float(src, trial, tried, table, fp32_ms)
     passing = [i for i, row in enumerate(table) if row["passed"]]
-    if not passing:
-        raise ToolError(
-            "no int8 recipe kept the fp32 model's answers on the held-out frames: "
-            + "; ".join(f"{row['recipe']}: {row['why']}" for row in table)
-        )
-    best = min(passing, key=lambda i: table[i]["int8_ms"])
     search = {
         "target": target,
+        "task": trial.task,
         "fp32_ms": round(fp32_ms, 4),
-        "chosen": table[best]["recipe"],
-        "int8_ms": table[best]["int8_ms"],
-        "speedup": table[best]["speedup"],
+        "chosen": None,
+        "int8_ms": None,
+        "speedup": None,
         "held_out_frames": len(trial.held),
+        "held_out_shared": trial.held is trial.calib,  # too few frames to hold any out: judged on the calibration
         "seconds": round(time.monotonic() - started, 1),
-        "table": table,
+        "table": table + trial.failed,
     }
+    if not passing:
+        raise NoRecipePassedError(
+            "no int8 recipe kept the fp32 model's answers on the held-out frames: "
+            + "; ".join(f"{row['recipe']}: {row['why']}" for row in table),
+            search,
+        )
+    best = min(passing, key=lambda i: table[i]["int8_ms"])
+    search |= {"chosen": table[best]["recipe"], "int8_ms": table[best]["int8_ms"], "speedup": table[best]["speedup"]}
     if table[best]["int8_ms"] * MIN_SPEEDUP > fp32_ms and not opts.accept_slower:
         raise Int8SlowerError(
             f"int8 is slower than fp32 on this machine (or less than {MIN_SPEEDUP:.2f}x faster): the best recipe "
@@ -313,6 +353,21 @@ def _try_noisiest_in_float(
         again = recipes.time_models([src, derived[1]], trial.name, trial.held[0], tick)
     tried.append(derived)  # its time, in this run's fp32 terms: the ratio is what the two runs share
     table.append(_row(derived[0], derived[2], fp32_ms * again[1] / again[0], fp32_ms))
+
+
+def _failed_row(r: recipes.Recipe, why: str) -> dict[str, Any]:
+    """A table row for a recipe ORT could not apply to this model."""
+    return {
+        "recipe": r.name,
+        "what": r.describe(),
+        "kept_in_float": [],
+        "int8_ms": None,
+        "speedup": None,
+        "task": None,
+        "agreement": None,
+        "passed": False,
+        "why": f"quantization failed: {why}",
+    }
 
 
 def _row(r: recipes.Recipe, verdict: dict[str, Any], ms: float, fp32_ms: float) -> dict[str, Any]:
@@ -574,10 +629,16 @@ def render_search(search: dict[str, Any]) -> None:
     for col in ("recipe", "int8 ms", "speed-up", "agreement", "verdict"):
         table.add_column(col, justify="left" if col in ("recipe", "verdict") else "right")
     for row in search["table"]:
+        if row["int8_ms"] is None:
+            table.add_row(row["recipe"], "-", "-", "-", "not applicable")
+            continue
         mark = "chosen" if row["recipe"] == search["chosen"] else ("ok" if row["passed"] else "fails")
         agree = f"{row['agreement']['check']} {row['agreement']['value']:.4f}"
         table.add_row(row["recipe"], f"{row['int8_ms']:.3f}", f"{row['speedup']:.2f}x", agree, mark)
     stdout_console().print(table)
+    for row in search["table"]:
+        if not row["passed"]:
+            stdout_console().print(f"  {row['recipe']}: {row['why']}", markup=False, highlight=False)
 
 
 def render_quantize(report: dict[str, Any]) -> None:

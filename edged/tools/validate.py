@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,7 @@ class ValidateOptions:
     ref_provider: str = CPU
     provider: str = CPU
     preprocess: PreprocessConfig | None = None
+    postprocess: Any = None  # the pipeline's postprocess section (--config): the judge is the daemon's decode
     progress: bool = True
 
 
@@ -75,8 +76,9 @@ def validate_models(ref: Path, cand: Path, opts: ValidateOptions, gates: Thresho
         pre = pair_preprocessor(a, b, opts.preprocess, opts.data)
         inputs = load_inputs(opts.data, pre, a.input_shape, opts.limit)
         outs_a, outs_b = _run_both(a, b, inputs, opts.progress)
-        task = output_task(tuple(np.asarray(outs_a[0][0]).shape), opts.task)
-        detector = _detector(a, pre) if task == "detect" else None
+        shapes = [list(o.shape) for o in a.session.get_outputs()]
+        task, detector = task_judge(opts, a.output_names, shapes, a.metadata, pre.spec.size, outs_a[0])
+        opts = replace(opts, task=task)
         report: dict[str, Any] = {
             "reference": {"path": str(ref), "provider": a.provider, "sha256": a.sha256},
             "candidate": {"path": str(cand), "provider": b.provider, "sha256": b.sha256},
@@ -147,9 +149,35 @@ def output_task(shape: tuple[int, ...], task: str = "auto") -> str:
     return "raw"
 
 
-def _detector(model: LoadedModel, pre: Preprocessor) -> Detector:
-    shapes = [list(o.shape) for o in model.session.get_outputs()]
-    return detector_for(model.output_names, shapes, model.metadata, pre.spec.size)
+def task_judge(  # noqa: PLR0917  (the model's outputs as the daemon's decoder sees them)
+    opts: ValidateOptions,
+    names: list[str],
+    shapes: list[list[Any]],
+    metadata: dict[str, str],
+    input_size: tuple[int, int],
+    sample: list[Tensor],
+) -> tuple[str, Detector | None]:
+    """(task, detector): with the pipeline's postprocess (`--config`), its own decoder is the judge (a
+    detector's boxes gate, its other outputs are reported only); otherwise the task comes from the first
+    output's shape and a detector is judged with `detect`'s defaults, when they can read the model."""
+    from edged.model.postprocess import make_postprocessor  # noqa: PLC0415
+
+    post = opts.postprocess
+    if post is not None:
+        if not getattr(post, "DETECTIONS", False):
+            return ("classify" if post.type == "classify" else "raw"), None
+        decode = make_postprocessor(post, names, shapes, metadata, input_size)
+        return "detect", lambda outputs: list(decode(outputs)["detections"])
+    task = output_task(tuple(np.asarray(sample[0]).shape), opts.task)
+    if task != "detect":
+        return task, None
+    try:
+        detector = detector_for(names, shapes, metadata, input_size)
+        detector(sample)
+    except EdgedError as exc:
+        log.info("judging by the outputs' cosine: detect's defaults cannot read this model (%s)", exc)
+        return "raw", None
+    return task, detector
 
 
 def detector_for(
