@@ -15,6 +15,7 @@ import onnxruntime as ort
 
 from edged.core.errors import ModelError, ProviderError
 from edged.model import trtcache
+from edged.model.feeds import Feeds
 from edged.model.preprocess import DTYPES, ORT_TYPES
 from edged.model.settings import ModelConfig
 
@@ -42,6 +43,7 @@ class LoadedModel:
     int8: bool = False  # holds quantized operators
     concurrency: int = 1  # runs the pipeline may make at once
     engine_dir: Path | None = None  # TensorRT's engine cache, sealed after the warm-up built the engines
+    feeds: Feeds | None = None  # the model's other inputs (constants, recurrent state): model.inputs
 
     @property
     def provider(self) -> str:
@@ -50,7 +52,11 @@ class LoadedModel:
 
     def run(self, tensor: npt.NDArray[Any]) -> list[npt.NDArray[Any]]:
         """One inference; returns the outputs in `output_names` order."""
-        outputs: list[npt.NDArray[Any]] = self.session.run(self.output_names, {self.input_name: tensor})
+        if self.feeds is None:
+            outputs: list[npt.NDArray[Any]] = self.session.run(self.output_names, {self.input_name: tensor})
+            return outputs
+        outputs = self.session.run(self.output_names, self.feeds.feed(tensor))
+        self.feeds.keep(dict(zip(self.output_names, outputs, strict=True)))
         return outputs
 
 
@@ -234,12 +240,14 @@ def load_model(cfg: ModelConfig, state_dir: Path, *, cores: int | None = None) -
         ) from exc
     used = list(session.get_providers())
     _check_provider(cfg, used[0], available)
-    inp = session.get_inputs()[0]
+    output_names = [o.name for o in session.get_outputs()]
+    feeds = Feeds(session.get_inputs(), output_names, cfg.inputs)
+    inp = feeds.frame
     meta = session.get_modelmeta()
     metadata = dict(meta.custom_metadata_map)
     name = metadata.get("edged.name") or path.name.split(".")[0]
-    if used[0] != chosen[0]:
-        concurrency = 1  # planned for a provider the session does not use: be conservative
+    if used[0] != chosen[0] or feeds.recurrent:
+        concurrency = 1  # planned for another provider (be conservative), or a state carried run to run
     log.info(
         "model %s (sha256 %s) on %s, %d run(s) at once x %s thread(s)",
         name,
@@ -257,11 +265,12 @@ def load_model(cfg: ModelConfig, state_dir: Path, *, cores: int | None = None) -
         input_name=inp.name,
         input_shape=list(inp.shape),
         input_type=inp.type,
-        output_names=[o.name for o in session.get_outputs()],
+        output_names=output_names,
         metadata=metadata,
         int8=is_quantized(path),
         concurrency=concurrency,
         engine_dir=trtcache.engine_dir(cfg, state_dir, sha) if used[0] == TENSORRT else None,
+        feeds=feeds if len(session.get_inputs()) > 1 else None,
     )
 
 
@@ -274,5 +283,7 @@ def warm_up(model: LoadedModel, tensor_shape: tuple[int, ...], runs: int) -> Non
             model.run(blank)
     except Exception as exc:
         raise ModelError(f"model {model.path.name} failed its warm-up run: {exc}") from exc
+    if model.feeds is not None:
+        model.feeds.reset()  # the first real window starts from the initial state, not the blanks
     if model.engine_dir is not None and runs:
         trtcache.seal(model.engine_dir)

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from edged.core.settings import Strict
+from edged.model.feeds import ModelInput
 
 DEFAULT_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
 
@@ -44,6 +45,11 @@ class ModelConfig(Strict):
     trt_int8: bool = Field(True, description="Let TensorRT use int8 kernels (QDQ models).")
     sha256: str | None = Field(
         None, pattern=r"^[0-9a-fA-F]{64}$", description="Pin: refuse a model file with another sha256."
+    )
+    inputs: dict[str, ModelInput] = Field(
+        default_factory=dict,
+        description="The model's other inputs by name, beside the frame: {value: N} a constant, {state_from: OUTPUT} "
+        "a recurrent state carried from that output (see edged/model/feeds.py).",
     )
     provider_options: dict[str, dict[str, str | int | float | bool]] = Field(
         default_factory=dict, description="Extra options per provider, passed through as given."

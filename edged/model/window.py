@@ -122,6 +122,8 @@ class WindowSpec:
                     raise ModelError(hint)
             return self
         rest = dims[1:]
+        if len(rest) == 1 and rest[0] is None:  # [1, samples] with the length left open: the window, flat
+            return WindowSpec(**{**self.__dict__, "shape": (1, c * w)})
         if not rest or any(d is None for d in rest) or math.prod(d for d in rest if d) != c * w:
             raise ModelError(hint)
         return WindowSpec(**{**self.__dict__, "shape": (1, *(d for d in rest if d))})
@@ -132,6 +134,8 @@ def _window_from_shape(input_shape: list[Any], layout: str, channels: int) -> in
         w = input_shape[2] if layout == "channels_first" else input_shape[1]
         if isinstance(w, int) and w > 0:
             return w
+    if len(input_shape) == 2 and isinstance(input_shape[1], int) and input_shape[1] % channels == 0:
+        return input_shape[1] // channels  # [1, samples]: the channels' samples, one after the other
     if input_shape:
         raise ModelError(f"cannot tell the window length from the model input {input_shape}: set source.window")
     raise ModelError(f"set source.window (samples per window of the {channels} channels)")

@@ -15,6 +15,7 @@ from edged.capture.sensor import SensorSourceConfig
 from edged.core.errors import EdgedError
 from edged.core.stats import PipelineStats
 from edged.model import engines
+from edged.model.feeds import InputsError
 from edged.model.postprocess import Postprocessor, make_postprocessor
 from edged.model.preprocess import Preprocessor, PreprocessSpec
 from edged.model.session import LoadedModel, load_model, load_problem, warm_up
@@ -105,6 +106,8 @@ def check_pipeline_model(cfg: PipelineConfig, state_dir: Path) -> tuple[str, str
     )
     try:
         loaded = load_model(model, state_dir, cores=1)
+    except InputsError as exc:
+        return "model.inputs", str(exc)
     except EdgedError as exc:
         unloadable = load_problem(model.path)
         return "model.path", f"ONNX Runtime cannot load it: {unloadable}" if unloadable else str(exc)
@@ -119,9 +122,6 @@ def check_pipeline_model(cfg: PipelineConfig, state_dir: Path) -> tuple[str, str
 
 
 def _check_loaded(cfg: PipelineConfig, loaded: LoadedModel) -> tuple[str, str] | None:
-    extra = extra_inputs(loaded)
-    if extra:
-        return "model.path", extra
     try:
         pre, _, input_size = _preparation(cfg, loaded)
     except EdgedError as exc:
@@ -131,19 +131,6 @@ def _check_loaded(cfg: PipelineConfig, loaded: LoadedModel) -> tuple[str, str] |
     except EdgedError as exc:
         return "postprocess", str(exc)
     return dry_run(cfg, loaded, pre, post)
-
-
-def extra_inputs(loaded: LoadedModel) -> str | None:
-    """Why a model with more inputs than the one edged feeds cannot run, or None."""
-    inputs = loaded.session.get_inputs()
-    if len(inputs) == 1:
-        return None
-    described = ", ".join(f"{i.name} {list(i.shape)}" for i in inputs)
-    return (
-        f"the model has {len(inputs)} inputs ({described}); edged feeds one (the frame or sensor window) and "
-        "cannot fill the others (a recurrent state, a sample rate): export the model with one input, or with "
-        "the others folded in as constants"
-    )
 
 
 def dry_run(
