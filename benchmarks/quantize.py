@@ -47,7 +47,7 @@ from edged.model.session import CPU  # noqa: E402
 from edged.model.settings import PreprocessConfig  # noqa: E402
 from edged.tools.bench import BenchOptions, bench_models  # noqa: E402
 from edged.tools.frames import save_frames  # noqa: E402
-from edged.tools.quantize import Int8SlowerError, QuantizeOptions, quantize_model  # noqa: E402
+from edged.tools.quantize import Int8SlowerError, QuantizeOptions, describe_candidate, quantize_model  # noqa: E402
 
 OCR_PACKAGE = "rapidocr_onnxruntime"
 WORDS = [
@@ -192,14 +192,8 @@ def render(rows: list[dict[str, Any]]) -> str:
             f"{r['int8_ms']:.2f} | {r['speedup']:.2f}x | {agree} | {'yes' if r['written'] else 'no: slower'} | "
             f"{f'{b:.2f}x' if (b := r['bench_speedup']) else '-'} | {r['seconds']:.0f} s |"
         )
-    out.extend(f"\n{r['model']}: " + ", ".join(_candidate(c) for c in r["table"]) for r in rows)
+    out.extend(f"\n{r['model']}: " + ", ".join(describe_candidate(c) for c in r["table"]) for r in rows)
     return "\n".join(out)
-
-
-def _candidate(c: dict[str, Any]) -> str:
-    if c["speedup"] is None:
-        return f"{c['recipe']} ({c['why']})"
-    return f"{c['recipe']} {c['speedup']:.2f}x" + ("" if c["passed"] else f" (fails: {c['why']})")
 
 
 def main() -> int:

@@ -616,6 +616,14 @@ def _check_runs(path: Path, input_name: str, sample: Tensor) -> None:
         log.warning("the quantized model gives non-finite outputs on a calibration frame")
 
 
+def describe_candidate(row: dict[str, Any]) -> str:
+    """One candidate of the search in a few words: its speed-up, and the gate it failed or why it could not
+    be made (the benchmarks' and the README's lists)."""
+    if row["speedup"] is None:
+        return f"{row['recipe']} ({row['why']})"
+    return f"{row['recipe']} {row['speedup']:.2f}x" + ("" if row["passed"] else f" (fails: {row['why']})")
+
+
 def render_search(search: dict[str, Any]) -> None:
     """The candidates tried: time beside fp32, agreement, verdict (80 columns)."""
     from rich.table import Table  # noqa: PLC0415
