@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from edged.capture.sensor import SensorSourceConfig
-from edged.core.errors import EdgedError
+from edged.core.errors import EdgedError, ModelError
 from edged.core.stats import PipelineStats
 from edged.model import engines
 from edged.model.feeds import InputsError
@@ -75,6 +75,11 @@ def prepare_model(cfg: PipelineConfig, state_dir: Path, cores: int | None = None
     pre, tensor_shape, input_size = _preparation(cfg, loaded)
     post = _postprocessor(cfg, loaded, input_size)
     warm_up(loaded, tensor_shape, cfg.model.warmup_runs)
+    found = dry_run(cfg, loaded, pre, post)  # as check-config does: a decoder that cannot read fails now
+    if found is not None:
+        raise ModelError(f"pipeline {cfg.name}: {found[0]}: {found[1]}")
+    if loaded.feeds is not None:
+        loaded.feeds.reset()
     return Model(loaded, pre, post, [load_secondary(s, state_dir, cores) for s in cfg.secondary])
 
 
