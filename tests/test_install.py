@@ -100,6 +100,7 @@ def check_platform_packages_kept(res: subprocess.CompletedProcess[str], root: Pa
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(900)  # installs into a new venv twice (pip): over pytest's 120 s on a loaded 2-core machine
 def test_install_is_complete_and_idempotent_then_uninstall_keeps_data_and_purge_removes_it(
     root: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
