@@ -24,7 +24,7 @@ from pydantic import Field
 
 from edged.core.errors import ModelError
 from edged.core.settings import Strict
-from edged.model.detections import BoxOptions, Candidates, Finisher, sigmoid
+from edged.model.detections import BoxOptions, Candidates, Finisher, input_size_of, sigmoid
 from edged.model.postprocess import POSTPROCESSORS, Postprocessor, load_labels
 from edged.model.preprocess import Geometry
 
@@ -171,8 +171,7 @@ def make_centernet(
     input_size: tuple[int, int] | None,
 ) -> Postprocessor:
     """Build the heatmap decoder; refuse a model whose outputs are not a heatmap and its regression maps."""
-    if input_size is None:
-        raise ModelError("centernet needs the model's input size; set preprocess.size")
+    input_size = input_size_of("centernet", input_size)
     labels = load_labels(cfg.labels, metadata)
     roles = assign_outputs(output_names, output_shapes, len(labels) if labels else None, cfg.outputs.model_dump())
     _check_grid(output_names, output_shapes, roles)

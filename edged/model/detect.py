@@ -31,6 +31,7 @@ from edged.model.detections import (
     Candidates,
     Finisher,
     cxcywh_to_xyxy,
+    input_size_of,
     nms,
 )
 from edged.model.postprocess import POSTPROCESSORS, Postprocessor, load_labels
@@ -219,8 +220,7 @@ def make_detect(
 ) -> Postprocessor:
     """Build the detector postprocessor and check it fits the head; the input size scales normalised
     boxes and is the fallback frame."""
-    if input_size is None:
-        raise ModelError("detect needs the model's input size; set preprocess.size")
+    input_size = input_size_of("detect", input_size)
     labels = load_labels(cfg.labels, metadata)
     _check_forced_format(cfg, output_shapes)
     detect = Detect(cfg, labels, output_names, output_shapes, input_size)

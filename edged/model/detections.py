@@ -189,8 +189,8 @@ class Finisher:
         return out
 
 
-def channel_count(shape: list[Any], axis: int = 1) -> int | None:
-    """The size of `axis` when the model declares it, else None."""
-    if len(shape) > axis and isinstance(shape[axis], int):
-        return int(shape[axis])
-    return None
+def input_size_of(kind: str, input_size: tuple[int, int] | None) -> tuple[int, int]:
+    """The model's input size, which every box decoder needs (to scale and to map boxes back)."""
+    if input_size is None:
+        raise ModelError(f"{kind} needs the model's input size; set preprocess.size")
+    return input_size

@@ -22,7 +22,7 @@ import numpy.typing as npt
 from pydantic import Field
 
 from edged.core.errors import ModelError
-from edged.model.detections import Array, BoxOptions, Candidates, Finisher, sigmoid
+from edged.model.detections import Array, BoxOptions, Candidates, Finisher, input_size_of, sigmoid
 from edged.model.postprocess import POSTPROCESSORS, Postprocessor, load_labels
 from edged.model.preprocess import Geometry
 
@@ -216,8 +216,7 @@ def make_gfl(
     input_size: tuple[int, int] | None,
 ) -> Postprocessor:
     """Build the GFL decoder; refuse outputs that are not per-level scores and distributions."""
-    if input_size is None:
-        raise ModelError("gfl needs the model's input size; set preprocess.size")
+    input_size = input_size_of("gfl", input_size)
     labels = load_labels(cfg.labels, metadata)
     classes = len(labels) if labels else None
     if len(output_shapes) == 1:

@@ -23,7 +23,7 @@ from pydantic import Field
 
 from edged.core.errors import ModelError
 from edged.core.settings import Strict
-from edged.model.detections import Array, BoxOptions, Candidates, Finisher, sigmoid
+from edged.model.detections import Array, BoxOptions, Candidates, Finisher, input_size_of, sigmoid
 from edged.model.postprocess import POSTPROCESSORS, Postprocessor
 from edged.model.preprocess import Geometry
 
@@ -124,8 +124,7 @@ def make_text(
     input_size: tuple[int, int] | None,
 ) -> Postprocessor:
     """Build the DB decoder; the model must give one single-channel map."""
-    if input_size is None:
-        raise ModelError("text needs the model's input size; set preprocess.size")
+    input_size = input_size_of("text", input_size)
     shape = output_shapes[0]
     channels = [d for d in shape[1:-2] if isinstance(d, int) and d != 1]
     if len(output_shapes) != 1 or len(shape) != 4 or channels:
