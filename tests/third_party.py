@@ -22,6 +22,8 @@ from typing import Any
 import cv2
 import numpy as np
 
+from edged.tools.validate import box_iou
+
 
 def package_dir(name: str) -> Path:
     """Where an installed package's files are (without importing it)."""
@@ -80,15 +82,6 @@ def document_page(variant: int) -> np.ndarray[Any, Any]:
     return page
 
 
-def iou(a: list[float], b: list[float]) -> float:
-    """Intersection over union of two x1, y1, x2, y2 boxes."""
-    w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = w * h
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
-
-
 def agreement(ours: list[list[Any]], theirs: list[list[Any]]) -> tuple[int, int, int]:
     """(matched, ours, theirs) over frames: each frame's boxes [label, x1, y1, x2, y2] matched greedily, same
     label and IoU >= 0.5."""
@@ -97,8 +90,8 @@ def agreement(ours: list[list[Any]], theirs: list[list[Any]]) -> tuple[int, int,
         n_ours, n_theirs = n_ours + len(a), n_theirs + len(b)
         free = list(range(len(b)))
         for label, *box in a:
-            best = max((i for i in free if b[i][0] == label), key=lambda i: iou(box, b[i][1:]), default=None)
-            if best is not None and iou(box, b[best][1:]) >= 0.5:
+            best = max((i for i in free if b[i][0] == label), key=lambda i: box_iou(box, b[i][1:]), default=None)
+            if best is not None and box_iou(box, b[best][1:]) >= 0.5:
                 free.remove(best)
                 matched += 1
     return matched, n_ours, n_theirs

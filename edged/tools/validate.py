@@ -202,10 +202,10 @@ def _detection(outs_a: list[list[Tensor]], outs_b: list[list[Tensor]], detector:
         for c in sorted(cand, key=lambda d: -float(d["score"])):
             best = max(
                 (i for i in free if ref[i]["label"] == c["label"]),
-                key=lambda i: _iou(ref[i]["box"], c["box"]),
+                key=lambda i: box_iou(ref[i]["box"], c["box"]),
                 default=None,
             )
-            if best is not None and _iou(ref[best]["box"], c["box"]) >= 0.5:
+            if best is not None and box_iou(ref[best]["box"], c["box"]) >= 0.5:
                 free.remove(best)
                 matched += 1
                 drift.append(abs(float(c["score"]) - float(ref[best]["score"])))
@@ -219,7 +219,8 @@ def _detection(outs_a: list[list[Tensor]], outs_b: list[list[Tensor]], detector:
     }
 
 
-def _iou(a: list[float], b: list[float]) -> float:
+def box_iou(a: list[float], b: list[float]) -> float:
+    """Intersection over union of two x1, y1, x2, y2 boxes (0 when they have no area)."""
     w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
     h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
     inter = w * h
