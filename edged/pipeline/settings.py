@@ -27,11 +27,14 @@ if TYPE_CHECKING:  # mypy sees the built-in parts; at run time the unions hold w
     from edged.model.detect import DetectConfig
     from edged.model.gfl import GflConfig
     from edged.model.postprocess import RawConfig
+    from edged.model.segment import SegmentConfig
     from edged.model.text import TextConfig
     from edged.pipeline.publish import EventsConfig, IntervalConfig, OnChangeConfig
 
     SourceConfig = CameraSourceConfig | SensorSourceConfig
-    PostprocessConfig = ClassifyConfig | RawConfig | DetectConfig | CenterNetConfig | GflConfig | TextConfig
+    PostprocessConfig = (
+        ClassifyConfig | RawConfig | DetectConfig | CenterNetConfig | GflConfig | TextConfig | SegmentConfig
+    )
     PublishConfig = EveryConfig | OnChangeConfig | IntervalConfig | EventsConfig
 else:
     SourceConfig = SOURCES.config_union()

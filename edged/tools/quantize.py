@@ -372,9 +372,12 @@ def _failed_row(r: recipes.Recipe, why: str) -> dict[str, Any]:
 
 def _row(r: recipes.Recipe, verdict: dict[str, Any], ms: float, fp32_ms: float) -> dict[str, Any]:
     failed = [c for c in verdict["checks"] if not c["passed"]]
-    key = {"classify": "top-1 agreement >=", "dense": "mask IoU (mean) >=", "detect": "detection recall >="}.get(
-        verdict["task"]
-    )
+    key = {
+        "classify": "top-1 agreement >=",
+        "dense": "mask IoU (mean) >=",
+        "segment": "mask IoU (mean) >=",
+        "detect": "detection recall >=",
+    }.get(verdict["task"])
     shown = next((c for c in verdict["checks"] if c["check"] == key), None) or verdict["checks"][0]
     return {
         "recipe": r.name,

@@ -104,6 +104,7 @@ def _name_classes(cls: dict[str, Any] | None, metadata: dict[str, str]) -> None:
 
 
 Detector = Callable[[list[Tensor]], list[dict[str, Any]]]
+ClassMapper = Callable[[list[Tensor]], tuple[npt.NDArray[np.int64], bool]]  # segment: (class map, one-class?)
 
 
 def judge(  # noqa: PLR0917  (both models' outputs and how to judge them)
@@ -112,7 +113,7 @@ def judge(  # noqa: PLR0917  (both models' outputs and how to judge them)
     outs_b: list[list[Tensor]],
     opts: ValidateOptions,
     gates: Thresholds,
-    detector: Detector | None = None,
+    detector: Detector | ClassMapper | None = None,
 ) -> dict[str, Any]:
     """Compare two models' outputs on the same frames by the task the first output serves: `task`,
     `classification` or `dense` (the measures of that task), `outputs` (errors and cosine per output),
@@ -125,7 +126,8 @@ def judge(  # noqa: PLR0917  (both models' outputs and how to judge them)
         "task": task,
         "classification": _classification(first_a, first_b, opts.top_k) if task == "classify" else None,
         "dense": _dense(first_a, first_b, opts.mask_threshold) if task == "dense" else None,
-        "detection": _detection(outs_a, outs_b, detector) if task == "detect" and detector is not None else None,
+        "detection": _detection(outs_a, outs_b, detector) if task == "detect" and detector is not None else None,  # type: ignore[arg-type]
+        "segmentation": _segmentation(outs_a, outs_b, detector) if task == "segment" and detector else None,  # type: ignore[arg-type]
         "outputs": [_compare(name, _stack(outs_a, i), _stack(outs_b, i), opts) for i, name in enumerate(names)],
     }
     parts["checks"] = _checks(parts, gates)
@@ -156,18 +158,13 @@ def task_judge(  # noqa: PLR0917  (the model's outputs as the daemon's decoder s
     metadata: dict[str, str],
     input_size: tuple[int, int],
     sample: list[Tensor],
-) -> tuple[str, Detector | None]:
-    """(task, detector): with the pipeline's postprocess (`--config`), its own decoder is the judge (a
-    detector's boxes gate, its other outputs are reported only); otherwise the task comes from the first
-    output's shape and a detector is judged with `detect`'s defaults, when they can read the model."""
-    from edged.model.postprocess import make_postprocessor  # noqa: PLC0415
-
-    post = opts.postprocess
-    if post is not None:
-        if not getattr(post, "DETECTIONS", False):
-            return ("classify" if post.type == "classify" else "raw"), None
-        decode = make_postprocessor(post, names, shapes, metadata, input_size)
-        return "detect", lambda outputs: list(decode(outputs)["detections"])
+) -> tuple[str, Detector | ClassMapper | None]:
+    """(task, decoder): with the pipeline's postprocess (`--config`), its own decoder is the judge (a
+    detector's boxes gate, a segmenter's class maps; other outputs are reported only); otherwise the task
+    comes from the first output's shape and a detector is judged with `detect`'s defaults, when they can read
+    the model."""
+    if opts.postprocess is not None:
+        return _pipeline_judge(opts.postprocess, names, shapes, metadata, input_size)
     task = output_task(tuple(np.asarray(sample[0]).shape), opts.task)
     if task != "detect":
         return task, None
@@ -178,6 +175,23 @@ def task_judge(  # noqa: PLR0917  (the model's outputs as the daemon's decoder s
         log.info("judging by the outputs' cosine: detect's defaults cannot read this model (%s)", exc)
         return "raw", None
     return task, detector
+
+
+def _pipeline_judge(
+    post: Any, names: list[str], shapes: list[list[Any]], metadata: dict[str, str], input_size: tuple[int, int]
+) -> tuple[str, Detector | ClassMapper | None]:
+    """The judge from the pipeline's own postprocess section."""
+    from edged.model.postprocess import make_postprocessor  # noqa: PLC0415
+
+    if post.type in ("classify", "raw"):
+        return post.type, None
+    decode = make_postprocessor(post, names, shapes, metadata, input_size)
+    class_map = getattr(decode, "class_map", None)  # a segmentation decoder: its class maps are judged
+    if class_map is not None:
+        return "segment", class_map
+    if not getattr(post, "DETECTIONS", False):
+        return "raw", None
+    return "detect", lambda outputs: list(decode(outputs)["detections"])
 
 
 def detector_for(
@@ -216,6 +230,26 @@ def _detection(outs_a: list[list[Tensor]], outs_b: list[list[Tensor]], detector:
         "precision": matched / cand_total if cand_total else 1.0,
         "recall": matched / ref_total if ref_total else 1.0,
         "score_drift_mean": float(np.mean(drift)) if drift else 0.0,
+    }
+
+
+def _segmentation(outs_a: list[list[Tensor]], outs_b: list[list[Tensor]], mapper: ClassMapper) -> dict[str, Any]:
+    """Both models' class maps per frame: the mean over the classes either shows (a one-class map's off pixels
+    aside) of each class's IoU; both empty agree."""
+    ious: list[float] = []
+    for a, b in zip(outs_a, outs_b, strict=True):
+        (map_a, one_class), (map_b, _) = mapper(a), mapper(b)
+        present = set(np.unique(map_a).tolist()) | set(np.unique(map_b).tolist())
+        per_class = [
+            float(((map_a == c) & (map_b == c)).sum() / ((map_a == c) | (map_b == c)).sum())
+            for c in sorted(present)
+            if not (one_class and c == 0)
+        ]
+        ious.append(float(np.mean(per_class)) if per_class else 1.0)
+    return {
+        "mask_iou_mean": float(np.mean(ious)),
+        "mask_iou_min": float(np.min(ious)),
+        "worst_frame": int(np.argmin(ious)),
     }
 
 
@@ -373,11 +407,11 @@ def _task_checks(report: dict[str, Any], gates: Thresholds, add: Callable[[str, 
         limit = gates.min_detection_match
         add("detection precision >=", det["precision"], limit, det["precision"] >= limit)
         add("detection recall >=", det["recall"], limit, det["recall"] >= limit)
-    dense = report.get("dense")
+    dense = report.get("dense") or report.get("segmentation")
     if dense is not None and gates.min_mask_iou is not None:
         limit = gates.min_mask_iou
         add("mask IoU (mean) >=", dense["mask_iou_mean"], limit, dense["mask_iou_mean"] >= limit)
-    if dense is not None and gates.max_pixel_error is not None:
+    if dense is not None and "pixel_error" in dense and gates.max_pixel_error is not None:
         limit = gates.max_pixel_error
         add("pixel error (share of range) <=", dense["pixel_error"], limit, dense["pixel_error"] <= limit)
 
@@ -388,7 +422,7 @@ def _judged_by_task(report: dict[str, Any]) -> set[int]:
     gate: the published score comes from them."""
     if report.get("detection") is not None:
         return set(range(len(report["outputs"])))
-    return {0} if report.get("dense") is not None else set()
+    return {0} if report.get("dense") is not None or report.get("segmentation") is not None else set()
 
 
 def render_validate(report: dict[str, Any], *, wide: bool = False) -> None:
@@ -423,6 +457,12 @@ def render_validate(report: dict[str, Any], *, wide: bool = False) -> None:
             f"dense map: mask IoU {dense['mask_iou_mean']:.2%} mean, {dense['mask_iou_min']:.2%} worst (frame "
             f"{dense['worst_frame']}); {dense['pixel_agreement']:.2%} of pixels agree at threshold "
             f"{dense['threshold']:g}; mean pixel error {dense['pixel_error']:.2%} of the range"
+        )
+    seg = report.get("segmentation")
+    if seg is not None:
+        console.print(
+            f"segmentation: class-map IoU {seg['mask_iou_mean']:.2%} mean, {seg['mask_iou_min']:.2%} worst "
+            f"(frame {seg['worst_frame']})"
         )
     console.print(_output_table(report["outputs"], wide=wide))
     console.print(f"[dim]{report['note']}[/]")

@@ -132,6 +132,8 @@ class Discovery:
                                     "| round(3) if value_json.result.top else 0 }}"))  # fmt: skip
         elif getattr(p.postprocess, "DETECTIONS", False):  # detect, centernet, gfl, text, a plugin's
             out += self._detections(p, results)
+        elif kind == "segment":
+            out += self._segments(p, results)
         diag = {"state_topic": self.stats_topic, "entity_category": "diagnostic"}
         out.append(self._entity("sensor", f"{name}_fps", f"{name} frames/s", value_template=self._stats(name, "fps"),
                                 unit_of_measurement="fps", state_class="measurement", **diag))  # fmt: skip
@@ -171,6 +173,23 @@ class Discovery:
                 out.append(self._entity("sensor", f"{name}_{zone.name}_{label}_count",
                                         f"{name} {zone.name} {label} count", state_topic=results,
                                         value_template=template, state_class="measurement"))  # fmt: skip
+        return out
+
+    def _segments(self, p: PipelineConfig, results: str) -> list[tuple[str, dict[str, Any]]]:
+        """Per label (homeassistant.labels, else the classes the pipeline reports): the share of the frame it
+        covers (%) and whether it is there at all."""
+        name, out = p.name, []
+        for label in self.labels(p):
+            area = (
+                f"(value_json.result.segments | selectattr('label', 'eq', {json.dumps(label)}) "
+                "| map(attribute='area') | first | default(0))"
+            )
+            out.append(self._entity("sensor", f"{name}_{label}_area", f"{name} {label} area", state_topic=results,
+                                    value_template=f"{{{{ ({area} * 100) | round(2) }}}}", unit_of_measurement="%",
+                                    state_class="measurement"))  # fmt: skip
+            out.append(self._entity("binary_sensor", f"{name}_{label}", f"{name} {label} present",
+                                    state_topic=results, value_template=f"{{{{ 'ON' if {area} > 0 else 'OFF' }}}}",
+                                    payload_on="ON", payload_off="OFF"))  # fmt: skip
         return out
 
     def messages(self, state_dir: Path) -> list[Message]:
