@@ -228,7 +228,7 @@ def _quantize_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
 
 def _gate_args(p: argparse.ArgumentParser, *, cosine_default: float = 0.98) -> None:
     """The agreement gates an int8 model must keep (validate's verdict, quantize's choice of recipe)."""
-    g = p.add_argument_group("gates (by the task: top-1, matched boxes, masks; other outputs by cosine)")
+    g = p.add_argument_group("gates (by the task: top-1, matched boxes, keypoints, masks; other outputs by cosine)")
     g.add_argument("--min-top1", type=float, default=0.95, help="top-1 agreement (classifiers; default 0.95)")
     g.add_argument("--min-topk", type=float, default=None, help="top-k overlap (default: not enforced)")
     g.add_argument(
@@ -246,6 +246,12 @@ def _gate_args(p: argparse.ArgumentParser, *, cosine_default: float = 0.98) -> N
         type=float,
         default=0.02,
         help="dense maps: mean absolute error per pixel as a share of the map's range (default 0.02)",
+    )
+    g.add_argument(
+        "--max-keypoint-error",
+        type=float,
+        default=0.05,
+        help="keypoints of matched boxes: mean distance as a share of the box's diagonal (default 0.05)",
     )
 
 

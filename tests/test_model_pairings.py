@@ -22,7 +22,7 @@ from edged.core.errors import ConfigError
 from edged.ops.checkconfig import check_config
 from edged.pipeline.model import prepare_model
 
-TYPES = ["classify", "raw", "detect", "centernet", "gfl", "text", "segment"]
+TYPES = ["classify", "raw", "detect", "centernet", "gfl", "text", "segment", "detr"]
 
 
 def _centerface_dynamic(tmp: Path) -> Path:

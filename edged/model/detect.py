@@ -4,7 +4,9 @@ Head families (`postprocess.format`):
 
 - `yolov5`: one output [1, N, 5 + nc]: cx, cy, w, h, objectness, class scores; score = objectness x class.
 - `yolov8` (YOLOv8, YOLO11 and the like): one output [1, 4 + nc, N] (or transposed [1, N, 4 + nc]):
-  cx, cy, w, h, class scores; no objectness.
+  cx, cy, w, h, class scores; no objectness. Pose models add K keypoints per box after the class scores
+  ([1, 4 + nc + K x 3, N]: x, y in input pixels and a visibility each, as Ultralytics exports them; K from
+  `keypoints` or the model's `kpt_shape` metadata), published as `keypoints` and `keypoint_scores`.
 - `yolox`: one output [1, N, 5 + nc] like YOLOv5's, but raw: grid offsets and log sizes per stride (8, 16,
   32), decoded on the model's grid as YOLOX's own `demo_postprocess` does (score = objectness x class).
 - `boxes`: the model did the NMS itself (YOLOv10 and end-to-end exports, SSD with NMS in the graph). One
@@ -17,6 +19,7 @@ the letterbox or stretch of the frame they came from (`Geometry`), clipped to th
 
 from __future__ import annotations
 
+import ast
 import logging
 from typing import Any, Literal
 
@@ -59,6 +62,13 @@ class DetectConfig(BoxOptions):
     )
     normalized: Literal["auto", "yes", "no"] = Field(
         "auto", description="Box coordinates in 0..1 of the model input (auto: when every coordinate is <= 1.5)."
+    )
+    keypoints: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description="Pose heads (yolov8 format: YOLOv8/YOLO11-pose [1, 4 + nc + K x 3, N]): keypoints per box, each "
+        "x, y, visibility; default: the model's kpt_shape metadata (Ultralytics), else none.",
     )
 
 
@@ -154,6 +164,7 @@ class Detect:
         )
         self.finish = Finisher(cfg, labels, input_size)
         self._grid: tuple[Array, Array] | None = None
+        self.kpt_shape = (0, 0)  # (K keypoints per box, values per keypoint): make_detect sets a pose head's
 
     def __call__(self, outputs: list[npt.NDArray[Any]], geometry: Geometry | None = None) -> dict[str, Any]:
         """Decode, filter, suppress, map; detections best first."""
@@ -189,7 +200,8 @@ class Detect:
     def _decode_yolo(self, out: Array, *, objectness: bool) -> Candidates:
         a = out.reshape(out.shape[-2], out.shape[-1]) if out.ndim >= 2 else out.reshape(1, -1)
         extra = 5 if objectness else 4
-        width = extra + len(self.labels) if self.labels else None
+        kpts = self.kpt_shape[0] * self.kpt_shape[1]
+        width = extra + len(self.labels) + kpts if self.labels else None
         if width is not None and a.shape[1] != width and a.shape[0] == width:
             a = a.T
         elif width is None and not objectness and a.shape[0] < a.shape[1]:
@@ -197,6 +209,8 @@ class Detect:
         if a.shape[1] <= extra - 1:
             raise ModelError(f"detect: output of shape {list(out.shape)} is too narrow for a {self.format} head")
         xyxy = cxcywh_to_xyxy(np.ascontiguousarray(a[:, :4]))
+        if kpts:
+            return self._with_keypoints(xyxy, a[:, extra:-kpts], a[:, -kpts:])
         cls = a[:, extra:]
         if cls.shape[1] == 0:  # a single-class head without class scores
             scores = a[:, 4] if objectness else np.ones(a.shape[0], np.float32)
@@ -206,6 +220,17 @@ class Detect:
         if objectness:
             scores = scores * a[:, 4]
         return Candidates(xyxy, scores.astype(np.float32), idx.astype(np.int64))
+
+    def _with_keypoints(self, xyxy: Array, cls: Array, kpts: Array) -> Candidates:
+        """A pose head's boxes with their keypoints (x, y in input pixels) and visibilities."""
+        count, per = self.kpt_shape
+        idx = cls.argmax(axis=1) if cls.shape[1] else np.zeros(cls.shape[0], np.int64)
+        scores = cls[np.arange(cls.shape[0]), idx] if cls.shape[1] else np.ones(cls.shape[0], np.float32)
+        points = kpts.reshape(-1, count, per)
+        values = {"keypoint_scores": np.ascontiguousarray(points[:, :, 2])} if per >= 3 else {}
+        return Candidates(
+            xyxy, scores.astype(np.float32), idx.astype(np.int64), {"keypoints": points[:, :, :2].copy()}, values
+        )
 
     def _split_outputs(
         self, outputs: list[npt.NDArray[Any]]
@@ -262,6 +287,7 @@ def make_detect(
     labels = load_labels(cfg.labels, metadata)
     _check_forced_format(cfg, output_shapes)
     detect = Detect(cfg, labels, output_names, output_shapes, input_size)
+    detect.kpt_shape = keypoint_shape(cfg, metadata, detect.format)
     head = output_shapes[0] if output_shapes else []
     if detect.format != "boxes" and len(head) > 3:  # YOLO heads are [1, N, C] or [1, C, N]
         raise ModelError(
@@ -271,7 +297,7 @@ def make_detect(
     if detect.format == "yolox" and output_shapes and isinstance(output_shapes[0][-2], int):
         yolox_grid(input_size, output_shapes[0][-2])  # the head's anchors must be the input's grid
     if labels and detect.format in ("yolov5", "yolov8", "yolox") and output_shapes:
-        width = len(labels) + (4 if detect.format == "yolov8" else 5)
+        width = len(labels) + (4 if detect.format == "yolov8" else 5) + detect.kpt_shape[0] * detect.kpt_shape[1]
         dims = [d for d in output_shapes[0][-2:] if isinstance(d, int)]
         if len(dims) == 2 and width not in dims:
             raise ModelError(
@@ -279,6 +305,25 @@ def make_detect(
                 f"(expected a dimension of {width}); fix postprocess.labels or postprocess.format"
             )
     return detect
+
+
+def keypoint_shape(cfg: DetectConfig, metadata: dict[str, str], fmt: str) -> tuple[int, int]:
+    """(keypoints per box, values per keypoint) of a pose head: `keypoints` (x, y, visibility each), else the
+    model's Ultralytics `kpt_shape` metadata ("[17, 3]"); (0, 0) for a plain detector."""
+    shape = (cfg.keypoints, 3) if cfg.keypoints else None
+    if shape is None and metadata.get("kpt_shape"):
+        try:
+            parsed = ast.literal_eval(metadata["kpt_shape"])
+            shape = (int(parsed[0]), int(parsed[1]))
+        except (ValueError, SyntaxError, TypeError, IndexError):
+            raise ModelError(f"detect: cannot read the model's kpt_shape metadata {metadata['kpt_shape']!r}") from None
+    if shape is None:
+        return (0, 0)
+    if fmt != "yolov8":
+        raise ModelError(f"detect: keypoints are read from yolov8 pose heads only; this head is read as {fmt}")
+    if shape[1] not in (2, 3):
+        raise ModelError(f"detect: a keypoint has 2 (x, y) or 3 (x, y, visibility) values, not {shape[1]}")
+    return shape
 
 
 def _check_forced_format(cfg: DetectConfig, output_shapes: list[list[Any]]) -> None:

@@ -6,7 +6,8 @@ outputs into `Candidates` in model-input pixels; `finish` does the rest the same
 every family publishes the same message shape:
 
     {"detections": [{"label", "index", "score", "box": [x1, y1, x2, y2],
-                     "keypoints": [[x, y], ...]  (decoders with landmarks),
+                     "keypoints": [[x, y], ...]  (decoders with landmarks, pose heads),
+                     "keypoint_scores": [v, ...] (pose heads that give each point a visibility),
                      "polygon": [[x, y], ...]    (text and segment decoders)}],
      "frame": {"w", "h"}}
 """
@@ -53,6 +54,7 @@ class Candidates:
     scores: Array
     classes: npt.NDArray[np.int64]
     points: dict[str, Array] = field(default_factory=dict)
+    values: dict[str, Array] = field(default_factory=dict)  # per-box figures [N, K] (e.g. keypoint_scores)
 
     @classmethod
     def empty(cls) -> Candidates:
@@ -66,6 +68,7 @@ class Candidates:
             self.scores[index],
             self.classes[index],
             {k: v[index] for k, v in self.points.items()},
+            {k: v[index] for k, v in self.values.items()},
         )
 
 
@@ -185,6 +188,8 @@ class Finisher:
             }
             for key, pts in cands.points.items():
                 entry[key] = [[round(float(x), 1), round(float(y), 1)] for x, y in pts[i]]
+            for key, vals in cands.values.items():
+                entry[key] = [round(float(v), 3) for v in vals[i]]
             out.append(entry)
         return out
 

@@ -85,6 +85,7 @@ POSTPROCESSORS: Registry[PostprocessorFactory] = Registry(
         "edged.model.gfl",
         "edged.model.text",
         "edged.model.segment",
+        "edged.model.detr",
     ),
     plugins="edged.postprocessors",
 )

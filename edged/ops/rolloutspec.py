@@ -22,6 +22,7 @@ class Gates(_Frozen):
     min_detection_match: float | None = Field(None, ge=0, le=1)
     min_mask_iou: float | None = Field(None, ge=0, le=1)
     max_pixel_error: float | None = Field(None, ge=0)
+    max_keypoint_error: float | None = Field(None, ge=0)
 
 
 class ModelArgs(_Frozen):

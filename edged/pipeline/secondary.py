@@ -32,13 +32,21 @@ from edged.model.settings import ModelConfig, PreprocessConfig
 if TYPE_CHECKING:
     from edged.model.centernet import CenterNetConfig
     from edged.model.detect import DetectConfig
+    from edged.model.detr import DetrConfig
     from edged.model.gfl import GflConfig
     from edged.model.postprocess import RawConfig
     from edged.model.segment import SegmentConfig
     from edged.model.text import TextConfig
 
     CropPostprocess = (
-        ClassifyConfig | RawConfig | DetectConfig | CenterNetConfig | GflConfig | TextConfig | SegmentConfig
+        ClassifyConfig
+        | RawConfig
+        | DetectConfig
+        | CenterNetConfig
+        | GflConfig
+        | TextConfig
+        | SegmentConfig
+        | DetrConfig
     )
 else:
     CropPostprocess = POSTPROCESSORS.config_union()

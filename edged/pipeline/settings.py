@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # mypy sees the built-in parts; at run time the unions hold w
     from edged.capture.camera import CameraSourceConfig
     from edged.model.centernet import CenterNetConfig
     from edged.model.detect import DetectConfig
+    from edged.model.detr import DetrConfig
     from edged.model.gfl import GflConfig
     from edged.model.postprocess import RawConfig
     from edged.model.segment import SegmentConfig
@@ -33,7 +34,14 @@ if TYPE_CHECKING:  # mypy sees the built-in parts; at run time the unions hold w
 
     SourceConfig = CameraSourceConfig | SensorSourceConfig
     PostprocessConfig = (
-        ClassifyConfig | RawConfig | DetectConfig | CenterNetConfig | GflConfig | TextConfig | SegmentConfig
+        ClassifyConfig
+        | RawConfig
+        | DetectConfig
+        | CenterNetConfig
+        | GflConfig
+        | TextConfig
+        | SegmentConfig
+        | DetrConfig
     )
     PublishConfig = EveryConfig | OnChangeConfig | IntervalConfig | EventsConfig
 else:

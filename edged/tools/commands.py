@@ -149,6 +149,7 @@ def _gates(args: argparse.Namespace) -> Any:
         min_mask_iou=args.min_mask_iou,
         max_pixel_error=args.max_pixel_error,
         min_detection_match=args.min_detection_match,
+        max_keypoint_error=args.max_keypoint_error,
     )
 
 

@@ -47,6 +47,7 @@ class Thresholds:
     min_mask_iou: float | None = 0.9  # dense maps: IoU of the thresholded masks
     max_pixel_error: float | None = 0.02  # dense maps: mean absolute error per pixel, as a share of the map's range
     min_detection_match: float | None = 0.9  # detectors: precision and recall of the candidate's boxes
+    max_keypoint_error: float | None = 0.05  # keypoints of matched boxes: mean distance / the box's diagonal
     max_abs: float | None = None
     require_allclose: bool = False
 
@@ -209,6 +210,7 @@ def _detection(outs_a: list[list[Tensor]], outs_b: list[list[Tensor]], detector:
     recall of the candidate against the reference, and how far matched scores drift."""
     matched = ref_total = cand_total = 0
     drift: list[float] = []
+    point_errors: list[float] = []
     for a, b in zip(outs_a, outs_b, strict=True):
         ref, cand = detector(a), detector(b)
         ref_total, cand_total = ref_total + len(ref), cand_total + len(cand)
@@ -223,6 +225,7 @@ def _detection(outs_a: list[list[Tensor]], outs_b: list[list[Tensor]], detector:
                 free.remove(best)
                 matched += 1
                 drift.append(abs(float(c["score"]) - float(ref[best]["score"])))
+                point_errors.extend(keypoint_errors(ref[best], c))
     return {
         "reference_detections": ref_total,
         "candidate_detections": cand_total,
@@ -230,7 +233,19 @@ def _detection(outs_a: list[list[Tensor]], outs_b: list[list[Tensor]], detector:
         "precision": matched / cand_total if cand_total else 1.0,
         "recall": matched / ref_total if ref_total else 1.0,
         "score_drift_mean": float(np.mean(drift)) if drift else 0.0,
+        "keypoint_error": float(np.mean(point_errors)) if point_errors else None,
     }
+
+
+def keypoint_errors(ref: dict[str, Any], cand: dict[str, Any]) -> list[float]:
+    """Each keypoint's distance between two matched detections, as a share of the reference box's diagonal."""
+    a, b = ref.get("keypoints"), cand.get("keypoints")
+    if not a or not b or len(a) != len(b):
+        return []
+    x1, y1, x2, y2 = ref["box"]
+    diagonal = max(float(np.hypot(x2 - x1, y2 - y1)), 1e-6)
+    distances = np.hypot(*(np.asarray(a, np.float64) - np.asarray(b, np.float64)).T) / diagonal
+    return [float(d) for d in distances]
 
 
 def _segmentation(outs_a: list[list[Tensor]], outs_b: list[list[Tensor]], mapper: ClassMapper) -> dict[str, Any]:
@@ -407,6 +422,9 @@ def _task_checks(report: dict[str, Any], gates: Thresholds, add: Callable[[str, 
         limit = gates.min_detection_match
         add("detection precision >=", det["precision"], limit, det["precision"] >= limit)
         add("detection recall >=", det["recall"], limit, det["recall"] >= limit)
+    if det is not None and det.get("keypoint_error") is not None and gates.max_keypoint_error is not None:
+        limit, value = gates.max_keypoint_error, det["keypoint_error"]
+        add("keypoint error (share of box) <=", value, limit, value <= limit)
     dense = report.get("dense") or report.get("segmentation")
     if dense is not None and gates.min_mask_iou is not None:
         limit = gates.min_mask_iou
@@ -450,6 +468,7 @@ def render_validate(report: dict[str, Any], *, wide: bool = False) -> None:
             f"detections: {det['matched']} matched (same label, IoU >= 0.5) of {det['reference_detections']} "
             f"reference / {det['candidate_detections']} candidate: precision {det['precision']:.2%}, recall "
             f"{det['recall']:.2%}, score drift {det['score_drift_mean']:.4f}"
+            + (f", keypoints off by {det['keypoint_error']:.2%} of the box" if det.get("keypoint_error") else "")
         )
     dense = report.get("dense")
     if dense is not None:
