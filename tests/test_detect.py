@@ -142,3 +142,21 @@ def test_boxes_with_no_area_are_never_published() -> None:
     below = np.zeros((6, 5), np.float32)
     below[0] = [32, 50, 10, 10, 0.9]  # wholly below the 32-pixel frame
     assert detect([below.T[np.newaxis]], offside)["detections"] == []  # clipped to the frame: no area left
+
+
+def test_ssd_outputs_without_nms_in_the_graph_get_edgeds_nms() -> None:
+    """UltraFace / MobileNet-SSD exports: decoded corners [1, N, 4] in 0..1 beside a score per class
+    [1, N, C] whose column 0 is the background; the graph did no NMS, so edged does (an overlapping weaker
+    box goes), and the background column is never a class."""
+    scores = np.zeros((1, 4420, 2), np.float32)
+    scores[0, :, 0] = 0.99  # background everywhere...
+    scores[0, 7] = [0.05, 0.95]  # ...but a face, and a weaker copy of it
+    scores[0, 8] = [0.2, 0.8]
+    boxes = np.full((1, 4420, 4), 0.5, np.float32)
+    boxes[0, 7] = [0.25, 0.25, 0.5, 0.75]
+    boxes[0, 8] = [0.26, 0.25, 0.5, 0.75]
+    for labels, label in ((["face"], "face"), (None, "0")):
+        cfg = DetectConfig(type="detect", format="boxes", labels=labels)
+        decode = make_detect(cfg, ["scores", "boxes"], [[1, 4420, 2], [1, 4420, 4]], {}, (320, 240))
+        found = decode([scores, boxes], None)["detections"]
+        assert [(d["label"], d["score"], d["box"]) for d in found] == [(label, 0.95, [80.0, 60.0, 160.0, 180.0])]

@@ -9,9 +9,11 @@ Head families (`postprocess.format`):
   `keypoints` or the model's `kpt_shape` metadata), published as `keypoints` and `keypoint_scores`.
 - `yolox`: one output [1, N, 5 + nc] like YOLOv5's, but raw: grid offsets and log sizes per stride (8, 16,
   32), decoded on the model's grid as YOLOX's own `demo_postprocess` does (score = objectness x class).
-- `boxes`: the model did the NMS itself (YOLOv10 and end-to-end exports, SSD with NMS in the graph). One
-  output [1, N, 6] (x1, y1, x2, y2, score, class), or separate outputs found by name (`*box*`, `*score*`,
-  `*class*`/`*label*`, optional `*num*` count) or by shape. Used as given (no second NMS).
+- `boxes`: the model decoded its boxes itself. One output [1, N, 6] (x1, y1, x2, y2, score, class), or
+  separate outputs found by name (`*box*`, `*score*`/`*conf*`, `*class*`/`*label*`, optional `*num*` count)
+  or by shape. With NMS in the graph (YOLOv10 and end-to-end exports, SSD with NMS) they are used as given;
+  SSD-style outputs without it (UltraFace, MobileNet-SSD exports: boxes [1, N, 4] beside a score per class
+  [1, N, C] whose column 0 is the background) take each box's best class and get edged's NMS.
 
 Coordinates are model-input pixels (or 0..1 of the input when `normalized`) and are mapped back through
 the letterbox or stretch of the frame they came from (`Geometry`), clipped to the frame.
@@ -165,13 +167,14 @@ class Detect:
         self.finish = Finisher(cfg, labels, input_size)
         self._grid: tuple[Array, Array] | None = None
         self.kpt_shape = (0, 0)  # (K keypoints per box, values per keypoint): make_detect sets a pose head's
+        self.suppress = False  # boxes format: whether the graph left the NMS to edged (per-class scores)
 
     def __call__(self, outputs: list[npt.NDArray[Any]], geometry: Geometry | None = None) -> dict[str, Any]:
         """Decode, filter, suppress, map; detections best first."""
         cands = self._decode(outputs)
         if cands.boxes.shape[0] and self._normalized(cands.boxes):
             cands.boxes = cands.boxes * np.asarray([*self.input_size, *self.input_size], dtype=np.float32)
-        return self.finish(cands, geometry, suppress=self.format != "boxes")
+        return self.finish(cands, geometry, suppress=self.format != "boxes" or self.suppress)
 
     def _normalized(self, boxes: Array) -> bool:
         if self.cfg.normalized != "auto":
@@ -232,6 +235,17 @@ class Detect:
             xyxy, scores.astype(np.float32), idx.astype(np.int64), {"keypoints": points[:, :, :2].copy()}, values
         )
 
+    def _per_class_scores(self, boxes: Array, per_class: Array) -> Candidates:
+        """SSD-style outputs without NMS in the graph (UltraFace, MobileNet-SSD exports): decoded boxes [N, 4]
+        and a score per class [N, C] whose column 0 is the background (unless the labels already count C
+        classes); each box takes its best class, and edged runs the NMS the graph did not."""
+        self.suppress = True
+        if self.labels is None or per_class.shape[1] == len(self.labels) + 1:
+            per_class = per_class[:, 1:]  # SSD's class 0 is "background"
+        idx = per_class.argmax(axis=1)
+        scores = per_class[np.arange(per_class.shape[0]), idx]
+        return Candidates(boxes, scores.astype(np.float32), idx.astype(np.int64))
+
     def _split_outputs(
         self, outputs: list[npt.NDArray[Any]]
     ) -> tuple[Array | None, Array | None, npt.NDArray[np.int64] | None, int | None, list[npt.NDArray[Any]]]:
@@ -245,8 +259,8 @@ class Detect:
                 count = int(arr.reshape(-1)[0])
             elif "box" in name or (boxes is None and arr.shape and arr.shape[-1] == 4):
                 boxes = arr.astype(np.float32).reshape(-1, 4)
-            elif "score" in name:
-                scores = arr.astype(np.float32).reshape(-1)
+            elif "score" in name or "conf" in name:
+                scores = arr.astype(np.float32)  # [.., N] one per box, or [.., N, C] per class (raw SSD)
             elif "class" in name or "label" in name:
                 classes = arr.reshape(-1).astype(np.int64)
             else:
@@ -264,7 +278,13 @@ class Detect:
             return Candidates(a[:, :4].copy(), a[:, 4].copy(), a[:, 5].astype(np.int64))
         boxes, scores, classes, count, rest = self._split_outputs(outputs)
         if scores is None and rest:
-            scores = rest.pop(0).astype(np.float32).reshape(-1)
+            scores = rest.pop(0).astype(np.float32)
+        if boxes is not None and scores is not None and scores.ndim >= 2 and scores.shape[-1] > 1:
+            per_class = scores.reshape(-1, scores.shape[-1])
+            if per_class.shape[0] == boxes.shape[0] and classes is None:
+                return self._per_class_scores(boxes, per_class)
+        scores = scores.reshape(-1) if scores is not None else None
+        self.suppress = False
         if classes is None:
             classes = rest.pop(0).reshape(-1).astype(np.int64) if rest else np.zeros_like(scores, dtype=np.int64)
         if boxes is None or scores is None:
