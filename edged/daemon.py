@@ -77,6 +77,7 @@ class Daemon:
         self._stopped = False
         self.watchdog_stopped = False
         self._drops: deque[tuple[float, int]] = deque(maxlen=4096)
+        self._dead: deque[tuple[float, int]] = deque(maxlen=4096)  # (when, spool.dead_letters) for reasons()
         self.mqtt_stats = MqttStats(enabled=config.mqtt.enabled)
         self.pipelines = [
             PipelineRunner(
@@ -369,13 +370,24 @@ class Daemon:
         if self.spool is not None:
             threads += [t for t in (self.spool.writer, self.spool.seqs.renewer) if t is not None]
         out += [t.died() or f"thread {t.name} died" for t in threads if t.ident and not t.is_alive()]
-        if self.config.mqtt.enabled and not self.mqtt_stats.connected:
-            out.append("broker not connected")
+        if self.config.mqtt.enabled:
+            out += self._broker_reasons()
         if spool is None and self.spool is not None:
             spool = self.spool.stats()
         spool = spool or {}
         out += self._spool_reasons(spool)
         return out
+
+    def _broker_reasons(self) -> list[str]:
+        """Not connected (and why, in the broker's words), and what the broker cannot do that edged needs."""
+        mqtt = self.mqtt_stats
+        with mqtt.lock:
+            connected, last, problems = mqtt.connected, mqtt.last_error, list(mqtt.broker_problems)
+            suspicion = mqtt.suspicion
+        out = [] if connected else [f"broker not connected: {last}" if last else "broker not connected"]
+        if suspicion is not None and time.monotonic() - suspicion[0] < DROP_WINDOW_S:  # still going on, maybe
+            out.append(suspicion[1])
+        return out + problems
 
     def _gap_message(self, gap: SeqGap) -> tuple[str, bytes]:
         """The topic and payload announcing a seq gap left by an unclean stop."""
@@ -398,6 +410,15 @@ class Daemon:
         recent = dropped - self._drops[0][1]
         if recent > 0:
             out.append(f"{recent} result(s) dropped in the last {DROP_WINDOW_S:.0f} s (see spool.dropped_by_reason)")
+        dead = int(spool.get("dead_letters", 0))
+        self._dead.append((now, dead))
+        while len(self._dead) > 1 and self._dead[0][0] < now - DROP_WINDOW_S:
+            self._dead.popleft()
+        if dead - self._dead[0][1] > 0:  # refused by the broker for good: not delivered
+            out.append(
+                f"{dead - self._dead[0][1]} result(s) set aside as dead letters in the last {DROP_WINDOW_S:.0f} s: "
+                f"{self.mqtt_stats.last_error or 'the broker refused them'}"
+            )
         gaps = [g for g in spool.get("seq_gaps") or () if time.time() - float(g.get("ts", 0)) < DROP_WINDOW_S]
         if gaps:  # not drops: each seq was sent before the stop, lost with it, or never used; nobody knows which
             where = ", ".join(f"{g['pipeline']} {g['first']}..{g['last']}" for g in gaps[:2])

@@ -203,6 +203,9 @@ class MqttStats:
     connects: int = 0
     connected_mono: float | None = None  # when the current connection came up
     last_ack_mono: float | None = None  # when the broker last acknowledged a result
+    broker_limits: dict[str, Any] = field(default_factory=dict)  # what the last CONNACK allowed (MQTT 5)
+    broker_problems: list[str] = field(default_factory=list)  # what that broker cannot do that edged needs
+    suspicion: tuple[float, str] | None = None  # (monotonic, what): a pattern of drops, e.g. a session takeover
     _acks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=256), repr=False)
     _e2e: dict[str, deque[float]] = field(default_factory=dict, repr=False)  # capture -> PUBACK, ms
     _e2e_hist: dict[str, Histogram] = field(default_factory=dict, repr=False)  # the same, seconds (for /metrics)
@@ -259,5 +262,8 @@ class MqttStats:
                 "last_publish_ts": self.last_publish_ts,
                 "last_error": self.last_error,
                 "connects": self.connects,
+                "broker_limits": dict(self.broker_limits),
+                "broker_problems": list(self.broker_problems),
+                "suspicion": self.suspicion[1] if self.suspicion else None,
                 "latency_ms": percentiles(deque(v for w in self._e2e.values() for v in w)),
             }

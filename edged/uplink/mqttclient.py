@@ -20,8 +20,11 @@ def topic_for(template: str, device_id: str, pipeline: str = "") -> str:
     return template.replace("{device_id}", device_id).replace("{pipeline}", pipeline)
 
 
-def new_client(cfg: MqttConfig, client_id: str, will_topic: str, password: str | None) -> paho.Client:
-    """A fresh paho client for one connection: protocol, in-flight window, last will, auth, TLS."""
+def new_client(
+    cfg: MqttConfig, client_id: str, will_topic: str, password: str | None, *, retain: bool = True
+) -> paho.Client:
+    """A fresh paho client for one connection: protocol, in-flight window, last will (retained unless the
+    broker refused retained messages), auth, TLS."""
     protocol = paho.MQTTv5 if cfg.protocol == "5" else paho.MQTTv311
     client = paho.Client(
         callback_api_version=CallbackAPIVersion.VERSION2,
@@ -31,7 +34,7 @@ def new_client(cfg: MqttConfig, client_id: str, will_topic: str, password: str |
     )
     client.connect_timeout = CONNECT_TIMEOUT_S
     client.max_inflight_messages_set(cfg.max_inflight)
-    client.will_set(will_topic, "offline", qos=1, retain=True)
+    client.will_set(will_topic, "offline", qos=1, retain=retain)
     if cfg.username:
         client.username_pw_set(cfg.username, password)
     tls = cfg.tls

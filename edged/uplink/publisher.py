@@ -21,7 +21,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import paho.mqtt.client as paho
@@ -32,6 +32,7 @@ from edged.core.secrets import check_private, read_credential, read_secret
 from edged.core.stats import MqttStats
 from edged.core.threads import Supervised
 from edged.store.spool import Row, Spool
+from edged.uplink.brokerlimits import BrokerLimits, describe_reason, publish_size
 from edged.uplink.inflight import InFlight, Message
 from edged.uplink.mqttclient import (
     CONNECT_TIMEOUT_S,
@@ -52,6 +53,9 @@ __all__ = ["PackedProperties", "Publisher", "topic_for"]
 # 32, paho holds 16 windows' worth queued, so its network thread keeps the broker busy on its own; draining a
 # backlog with 128 at a time ran at 0.6x a bare paho loop, with 512 at 0.85x (benchmarks/store_forward.py)
 HANDOFF_RESULTS = 512
+UNSPECIFIED = 0x80  # paho's reason when the socket closed without a DISCONNECT
+TAKEOVER_COUNT = 3  # unexplained drops of fresh connections in a row ...
+TAKEOVER_WINDOW_S = 60.0  # ... within this long: another client with our id keeps taking the session
 STEADY_S = 60.0  # a connection up this long counts as healthy even if it carried nothing (backoff reset)
 StatsSource = Callable[[], dict[str, Any]]
 
@@ -69,6 +73,7 @@ class _Conn:
     since: float = 0.0
     blamed: bool = False  # it dropped over a message (refused, counted): reconnect without escalating
     commands_asked: bool = False  # the command topics' SUBSCRIBE went out (the first on the connection)
+    limits: BrokerLimits = field(default_factory=BrokerLimits)  # what the broker's CONNACK allows
 
 
 def stop_network_thread(client: paho.Client, thread: threading.Thread | None, timeout: float = 10.0) -> None:
@@ -107,6 +112,10 @@ class Publisher(Supervised):
         self._wake = threading.Event()  # set by paho's thread (acks, connect, disconnect) and the spool
         self._drain_deadline: float | None = None
         self.window = InFlight(cfg.protocol, cfg.max_inflight)
+        self._inflight = cfg.max_inflight  # this connection's window: the broker's Receive Maximum when smaller
+        self._limits = BrokerLimits()
+        self._no_retain = False  # the broker refused a retained will (0x9A): connect without retain from now on
+        self._kicked: list[float] = []  # when recent connections were closed by the broker without a reason
         self._cursor = 0
         self._seen_changes = -1
         self._retry_at: float | None = None  # refused rows are sent again from then on
@@ -188,9 +197,11 @@ class Publisher(Supervised):
         return self._backoff.next_delay()
 
     def _connect(self) -> _Conn | None:
-        conn = _Conn(new_client(self.cfg, self.client_id, self.availability_topic, self._password))
+        conn = _Conn(
+            new_client(self.cfg, self.client_id, self.availability_topic, self._password, retain=not self._no_retain)
+        )
         client = conn.client
-        client.on_connect = lambda _c, _u, _f, rc, _p: self._on_connect(conn, rc)
+        client.on_connect = lambda _c, _u, _f, rc, props: self._on_connect(conn, rc, props)
         client.on_disconnect = lambda _c, _u, _f, rc, _p: self._on_disconnect(conn, rc)
         client.on_publish = lambda _c, _u, mid, rc, _p: self._on_publish(mid, rc)
         client.on_message = lambda _c, _u, msg: self._on_message(msg)
@@ -215,6 +226,9 @@ class Publisher(Supervised):
             self._wake.clear()
         if conn.refused:
             self._note_error(f"broker {self.cfg.host}:{self.cfg.port} refused the connection: {conn.refused}")
+            if "0x9A" in conn.refused and not self._no_retain:  # Retain not supported: the will was retained
+                log.warning("mqtt: the broker keeps no retained messages; connecting again without them")
+                self._no_retain = True
         elif not conn.connected:
             self._note_error(f"no CONNACK from {self.cfg.host}:{self.cfg.port} within {CONNECT_TIMEOUT_S:.0f} s")
         return conn
@@ -226,9 +240,11 @@ class Publisher(Supervised):
         self._cursor = 0  # everything unacknowledged goes again
         self._seen_changes = -1
         self._next_stats = 0.0
-        conn.client.publish(self.availability_topic, "online", qos=1, retain=True)
+        self._apply_limits(conn)
+        retain = conn.limits.retain
+        self._send_other(conn.client, self.availability_topic, b"online", qos=1, retain=retain)
         for topic, payload in self.announce() if self.announce is not None else ():  # Home Assistant discovery
-            conn.client.publish(topic, payload, qos=1, retain=True)
+            self._send_other(conn.client, topic, payload, qos=1, retain=retain)
         if self.control is not None:
             # flagged before the call: paho's thread may handle the SUBACK before subscribe() returns
             conn.commands_asked = True
@@ -240,9 +256,41 @@ class Publisher(Supervised):
                 return
             self._flush_acks()
             self.side.drain(conn.client, mqtt5=self.cfg.protocol == "5")
-            self._pump(conn.client)
+            if conn.limits.max_qos >= self.cfg.qos:  # else nothing could be acknowledged: results stay spooled
+                self._pump(conn.client)
             self._maybe_stats(conn.client)
             self._wake.wait(self._sleep_s())
+
+    def _apply_limits(self, conn: _Conn) -> None:
+        """Honour what the CONNACK said (brokerlimits.py): the in-flight window, the largest packet, and
+        what the broker cannot do (status reasons)."""
+        limits = self._limits = conn.limits if not self._no_retain else replace(conn.limits, retain=False)
+        self._inflight = limits.inflight(self.cfg.max_inflight)  # paho's window was set on the CONNACK
+        self.window.wake_below = self._inflight
+        if self._inflight < self.cfg.max_inflight:
+            log.info("mqtt: the broker's Receive Maximum is %d: at most %d results in flight", limits.receive_max,
+                     self._inflight)  # fmt: skip
+        if limits.max_packet is not None:
+            log.info("mqtt: the broker accepts packets of at most %d bytes", limits.max_packet)
+        if limits.assigned_id:
+            log.info("mqtt: the broker assigned the client id %r", limits.assigned_id)
+        problems = limits.problems(self.cfg.qos)
+        for problem in problems:
+            log.error("mqtt: %s", problem)
+        with self.stats.lock:
+            self.stats.broker_limits = limits.describe() if self.cfg.protocol == "5" else {}
+            self.stats.broker_problems = problems
+
+    def _send_other(self, client: paho.Client, topic: str, payload: bytes, *, qos: int, retain: bool) -> bool:
+        """Publish a message that is not a result (availability, discovery, stats) when the broker accepts its
+        size; a larger one is left out with a warning (False)."""
+        size = publish_size(topic, payload, qos, None, mqtt5=self.cfg.protocol == "5")
+        if not self._limits.fits(size):
+            log.warning("mqtt: not sending %s: %d bytes, the broker accepts %s at most", topic, size,
+                        self._limits.max_packet)  # fmt: skip
+            return False
+        client.publish(topic, payload, qos=qos, retain=retain)
+        return True
 
     def _sleep_s(self) -> float | None:
         """Until the next timer of this thread; None: until woken (a result, an ack, a disconnect)."""
@@ -275,7 +323,7 @@ class Publisher(Supervised):
         # at the GIL would slow it down: few, large bursts are cheaper than many small ones). With
         # batching the bound counts results: big messages need no long queue, and each one costs memory.
         careful = window.careful
-        size = window.careful_window if careful else max(self.cfg.max_inflight + 1, HANDOFF_RESULTS // self.cfg.batch)
+        size = window.careful_window if careful else max(self._inflight + 1, HANDOFF_RESULTS // self.cfg.batch)
         room = min(size - len(window), self._rate.allow())
         if room <= 0:
             return
@@ -302,9 +350,18 @@ class Publisher(Supervised):
     def _publish_rows(self, client: paho.Client, groups: list[list[Row]], sent: list[tuple[int, Message]]) -> None:
         """Hand the groups to paho, one message each, recording (mid, message) in `sent`."""
         qos, ttl_offset, publish = self.cfg.qos, self.spool.ttl_offset(), client.publish
-        for group in groups:
+        for group in self._fitting(groups, ttl_offset):
             first = group[0]
             props = self._props(first.clock + ttl_offset)  # the oldest row of a group expires first
+            size = publish_size(first.topic, self._payload(group), qos, props)
+            if not self._limits.fits(size):  # one result alone that the broker said it would refuse
+                self._cursor = group[-1].id
+                why = (
+                    f"a result of {size} bytes (as an MQTT packet) is larger than the broker's Maximum Packet Size "
+                    f"of {self._limits.max_packet} bytes (CONNACK); it can never be sent"
+                )
+                self._refuse([first.id], why, final=True)
+                continue
             try:
                 info = publish(first.topic, self._payload(group), qos=qos, properties=props)
             except ValueError as exc:  # a topic paho will not send (wildcards, too long): never sendable
@@ -316,6 +373,25 @@ class Publisher(Supervised):
                 return
             self._cursor = group[-1].id
             sent.append((info.mid, Message([r.id for r in group], [(r.pipeline, r.ts) for r in group])))
+
+    def _fitting(self, groups: list[list[Row]], ttl_offset: float) -> list[list[Row]]:
+        """The groups, those of several results split in halves until each fits the broker's Maximum Packet
+        Size (a result too big alone is left for `_publish_rows` to refuse)."""
+        if self._limits.max_packet is None:
+            return groups
+        out: list[list[Row]] = []
+        todo = list(reversed(groups))
+        while todo:
+            group = todo.pop()
+            props = self._props(group[0].clock + ttl_offset)
+            if len(group) > 1 and not self._limits.fits(
+                publish_size(group[0].topic, self._payload(group), self.cfg.qos, props)
+            ):
+                half = len(group) // 2
+                todo += [group[half:], group[:half]]
+                continue
+            out.append(group)
+        return out
 
     def _groups(self, rows: list[Row], careful: bool) -> list[list[Row]]:
         """Consecutive rows with the same topic, up to `batch` per message."""
@@ -341,15 +417,21 @@ class Publisher(Supervised):
             return
         self._next_stats = time.monotonic() + self.cfg.stats_interval_s
         body = json.dumps({"v": 1, "device": self.device_id, "ts": round(time.time(), 3), **self.stats_source()})
-        client.publish(self.stats_topic, body, qos=0, retain=self.cfg.stats_retain)
+        retain = self.cfg.stats_retain and self._limits.retain
+        self._send_other(client, self.stats_topic, body.encode(), qos=0, retain=retain)
 
     # -- paho callbacks (paho's network thread): record and wake, nothing else ------------------------
 
-    def _on_connect(self, conn: _Conn, reason: Any) -> None:
+    def _on_connect(self, conn: _Conn, reason: Any, props: Any) -> None:
         if getattr(reason, "is_failure", False):
-            conn.refused = str(reason)
+            conn.refused = describe_reason(reason, self.client_id)
             self._wake.set()
             return
+        conn.limits = BrokerLimits.from_properties(props)
+        # paho's own window, before anything is published on this connection: at most Receive Maximum QoS 1
+        # messages unacknowledged (results, availability, discovery alike). paho's setter refuses an open
+        # connection (its doubt is about switching between 0, "unlimited", and a limit; this stays above 0).
+        conn.client._max_inflight_messages = conn.limits.inflight(self.cfg.max_inflight)  # noqa: SLF001
         conn.connected = True
         with self.stats.lock:
             self.stats.connected = True
@@ -381,7 +463,28 @@ class Publisher(Supervised):
         with self.stats.lock:
             self.stats.connected = False
         if was and not self._halt.is_set():
-            self._note_error(f"disconnected from {self.cfg.host}:{self.cfg.port}: {reason}")
+            why = describe_reason(reason, self.client_id)
+            if self._taken_over(conn, reason):
+                suspicion = (
+                    f"the broker closed the connection {TAKEOVER_COUNT} times within {TAKEOVER_WINDOW_S:.0f} s, each "
+                    f"soon after accepting it: another client with client id {self.client_id!r} may be taking the "
+                    "session (two devices with one device_id?)"
+                )
+                why += f"; {suspicion}"
+                with self.stats.lock:
+                    self.stats.suspicion = (time.monotonic(), suspicion)
+            self._note_error(f"disconnected from {self.cfg.host}:{self.cfg.port}: {why}")
+
+    def _taken_over(self, conn: _Conn, reason: Any) -> bool:
+        """Whether this drop looks like a session takeover by a broker that does not say so (Mosquitto 2.0
+        closes the old connection without DISCONNECT 0x8E): the broker, not the network, closed a connection
+        it had accepted moments before, for the third time in a row within a minute."""
+        if getattr(reason, "value", None) != UNSPECIFIED or time.monotonic() - conn.since > TAKEOVER_WINDOW_S:
+            self._kicked.clear()
+            return False
+        now = time.monotonic()
+        self._kicked = [t for t in self._kicked if now - t < TAKEOVER_WINDOW_S] + [now]
+        return len(self._kicked) >= TAKEOVER_COUNT
 
     def _on_message(self, msg: paho.MQTTMessage) -> None:
         control = self.control
