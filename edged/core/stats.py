@@ -205,6 +205,7 @@ class MqttStats:
     last_ack_mono: float | None = None  # when the broker last acknowledged a result
     broker_limits: dict[str, Any] = field(default_factory=dict)  # what the last CONNACK allowed (MQTT 5)
     broker_problems: list[str] = field(default_factory=list)  # what that broker cannot do that edged needs
+    protocol: str = ""  # the MQTT version of the last connection (3.1.1 when a broker refused 5)
     suspicion: tuple[float, str] | None = None  # (monotonic, what): a pattern of drops, e.g. a session takeover
     _acks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=256), repr=False)
     _e2e: dict[str, deque[float]] = field(default_factory=dict, repr=False)  # capture -> PUBACK, ms
@@ -264,6 +265,7 @@ class MqttStats:
                 "connects": self.connects,
                 "broker_limits": dict(self.broker_limits),
                 "broker_problems": list(self.broker_problems),
+                "protocol": self.protocol,
                 "suspicion": self.suspicion[1] if self.suspicion else None,
                 "latency_ms": percentiles(deque(v for w in self._e2e.values() for v in w)),
             }

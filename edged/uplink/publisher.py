@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import paho.mqtt.client as paho
 
@@ -115,6 +115,7 @@ class Publisher(Supervised):
         self._inflight = cfg.max_inflight  # this connection's window: the broker's Receive Maximum when smaller
         self._limits = BrokerLimits()
         self._no_retain = False  # the broker refused a retained will (0x9A): connect without retain from now on
+        self.protocol = cfg.protocol  # the MQTT version spoken: 3.1.1 after a broker refused 5 (see _fall_back)
         self._kicked: list[float] = []  # when recent connections were closed by the broker without a reason
         self._cursor = 0
         self._seen_changes = -1
@@ -166,6 +167,8 @@ class Publisher(Supervised):
             self._serve(conn)
             self._close(conn, offline=self._halt.is_set())
             self._after_connection(conn)
+            self._use_protocol(self.cfg.protocol)  # a fallback holds for one connection: a restarting broker
+            # can close a version 5 attempt too, and must not cost the expiry of every later message
 
     def _after_connection(self, conn: _Conn) -> None:
         """The backoff resets only once a connection carried traffic (or stayed up): a broker that accepts
@@ -197,8 +200,11 @@ class Publisher(Supervised):
         return self._backoff.next_delay()
 
     def _connect(self) -> _Conn | None:
+        cfg = (
+            self.cfg if self.protocol == self.cfg.protocol else self.cfg.model_copy(update={"protocol": self.protocol})
+        )
         conn = _Conn(
-            new_client(self.cfg, self.client_id, self.availability_topic, self._password, retain=not self._no_retain)
+            new_client(cfg, self.client_id, self.availability_topic, self._password, retain=not self._no_retain)
         )
         client = conn.client
         client.on_connect = lambda _c, _u, _f, rc, props: self._on_connect(conn, rc, props)
@@ -229,9 +235,38 @@ class Publisher(Supervised):
             if "0x9A" in conn.refused and not self._no_retain:  # Retain not supported: the will was retained
                 log.warning("mqtt: the broker keeps no retained messages; connecting again without them")
                 self._no_retain = True
+        elif not conn.connected and conn.closed:
+            self._note_error(f"broker {self.cfg.host}:{self.cfg.port} closed the connection before its CONNACK")
         elif not conn.connected:
             self._note_error(f"no CONNACK from {self.cfg.host}:{self.cfg.port} within {CONNECT_TIMEOUT_S:.0f} s")
+        self._fall_back(conn)
         return conn
+
+    def _fall_back(self, conn: _Conn) -> None:
+        """MQTT 3.1.1 for a broker that does not speak 5: one that answers a version 5 CONNECT with 0x84, or
+        closes the connection without a CONNACK (RabbitMQ before 3.13). If 3.1.1 fails too, the version was
+        not the problem: back to the configured one."""
+        if conn.connected or self._halt.is_set():
+            if conn.connected and self.protocol != self.cfg.protocol:
+                log.warning(
+                    'mqtt: %s:%d does not speak MQTT 5; connected with 3.1.1 (set mqtt.protocol: "3.1.1" to skip '
+                    "the first attempt; 3.1.1 has no message expiry and no reason codes)",
+                    self.cfg.host, self.cfg.port,
+                )  # fmt: skip
+            return
+        refused_version = conn.refused is not None and "0x84" in conn.refused
+        if self.protocol == "5" and (refused_version or (conn.closed and conn.refused is None)):
+            log.info("mqtt: trying MQTT 3.1.1: the broker refused an MQTT 5 connection")
+            self._use_protocol("3.1.1")
+        else:
+            self._use_protocol(self.cfg.protocol)
+
+    def _use_protocol(self, protocol: Literal["3.1.1", "5"]) -> None:
+        if protocol == self.protocol:
+            return
+        self.protocol = protocol
+        self._props = ExpiryProperties(self.cfg.model_copy(update={"protocol": protocol}))
+        self.window.protocol = protocol
 
     def _serve(self, conn: _Conn) -> None:
         """Publish while connected; return on disconnect or once drained after a stop request."""
@@ -255,7 +290,7 @@ class Publisher(Supervised):
             if self._halt.is_set() and self._drained():
                 return
             self._flush_acks()
-            self.side.drain(conn.client, mqtt5=self.cfg.protocol == "5")
+            self.side.drain(conn.client, mqtt5=self.protocol == "5")
             if conn.limits.max_qos >= self.cfg.qos:  # else nothing could be acknowledged: results stay spooled
                 self._pump(conn.client)
             self._maybe_stats(conn.client)
@@ -278,13 +313,14 @@ class Publisher(Supervised):
         for problem in problems:
             log.error("mqtt: %s", problem)
         with self.stats.lock:
-            self.stats.broker_limits = limits.describe() if self.cfg.protocol == "5" else {}
+            self.stats.broker_limits = limits.describe() if self.protocol == "5" else {}
+            self.stats.protocol = self.protocol
             self.stats.broker_problems = problems
 
     def _send_other(self, client: paho.Client, topic: str, payload: bytes, *, qos: int, retain: bool) -> bool:
         """Publish a message that is not a result (availability, discovery, stats) when the broker accepts its
         size; a larger one is left out with a warning (False)."""
-        size = publish_size(topic, payload, qos, None, mqtt5=self.cfg.protocol == "5")
+        size = publish_size(topic, payload, qos, None, mqtt5=self.protocol == "5")
         if not self._limits.fits(size):
             log.warning("mqtt: not sending %s: %d bytes, the broker accepts %s at most", topic, size,
                         self._limits.max_packet)  # fmt: skip
