@@ -243,6 +243,12 @@ class Preprocessor:
             return Geometry(fw, fh, nw / fw, nh / fh, 0, 0)
         return Geometry(fw, fh, nw / fw, nh / fh, (w - nw) // 2, (h - nh) // 2)
 
+    def fit(self, frame: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+        """The frame resized (and letterboxed) to the model input, still uint8 BGR: calling the preprocessor
+        on it gives the same tensor as on the frame, so a tool can keep many frames at a quarter of their
+        float size (quantize's calibration set)."""
+        return np.ascontiguousarray(self._fit(frame))
+
     def _fit(self, frame: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
         w, h = self.spec.size
         fh, fw = frame.shape[:2]

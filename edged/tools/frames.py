@@ -8,15 +8,16 @@ model inputs under `tensors` (N x the model input without its batch axis, or N x
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import cv2
 import numpy as np
 import numpy.typing as npt
 
 from edged.core.errors import ToolError
+from edged.model.preprocess import Preprocessor
 from edged.pipeline.frametap import FRAMES_KEY, save_frames
 
 log = logging.getLogger(__name__)
@@ -70,10 +71,39 @@ def load_inputs(
             "cannot preprocess frames: the model's preprocessing is unknown "
             "(give --preprocess '{\"size\": [W, H]}' or, for dynamic axes, --shape)"
         )
+    if isinstance(preprocess, Preprocessor):
+        fitted = LazyInputs([preprocess.fit(frame) for frame in iter_frames(source, limit)], preprocess)
+        if not len(fitted):
+            raise ToolError(f"no frames in {source} ({describe(source)})")
+        return fitted  # type: ignore[return-value]  # a Sequence of tensors, made one at a time
     inputs = [preprocess(frame) for frame in iter_frames(source, limit)]
     if not inputs:
         raise ToolError(f"no frames in {source} ({describe(source)})")
     return inputs
+
+
+class LazyInputs(Sequence[Tensor]):
+    """Model inputs kept as uint8 frames already fitted to the model input (a quarter of the float tensor) and
+    made into tensors on access: 256 calibration frames of 640 x 480 hold 236 MB instead of 944 MB, and the
+    tensors a calibrator reads are dropped after their frame."""
+
+    def __init__(self, fitted: list[Frame], preprocess: Preprocessor) -> None:
+        self._fitted = fitted
+        self._preprocess = preprocess
+
+    def __len__(self) -> int:
+        return len(self._fitted)
+
+    @overload
+    def __getitem__(self, index: int) -> Tensor: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> LazyInputs: ...
+
+    def __getitem__(self, index: int | slice) -> Tensor | LazyInputs:
+        if isinstance(index, slice):
+            return LazyInputs(self._fitted[index], self._preprocess)
+        return self._preprocess(self._fitted[index])
 
 
 def _split_tensors(array: Tensor, input_shape: list[Any], limit: int | None) -> list[Tensor]:

@@ -31,6 +31,7 @@ from edged.model.preprocess import METADATA_KEY, Preprocessor
 from edged.model.session import file_sha256, is_quantized
 from edged.model.settings import PreprocessConfig
 from edged.tools import CALIBRATION_METHODS, QUANT_TYPES, recipes, sensitivity
+from edged.tools.calibration import RangeCache, cache_supported
 from edged.tools.common import human_bytes, require_onnx, resolve_preprocessor, stdout_console
 from edged.tools.frames import Tensor, describe, holds_tensors, load_inputs
 from edged.tools.graph import input_signature, pin_input_shape, prune_opset_imports, upgrade_opset
@@ -138,7 +139,7 @@ def quantize_model(src: Path, out: Path, opts: QuantizeOptions) -> dict[str, Any
             opts, raw, search = _search(src, prepared, name, inputs, opts, Path(tmp))
         else:
             raw = Path(tmp) / "quantized.onnx"
-            _quantize_static(prepared, raw, name, inputs, opts)
+            _quantize_static(prepared, raw, name, inputs, opts, RangeCache(prepared, name, inputs, Path(tmp)))
         result = onnx.load(str(raw))
     provenance = _provenance(src, opts, len(inputs), opset_before)
     if search is not None:
@@ -242,6 +243,7 @@ class _Trial:
     task: str
     detector: Any = None
     failed: list[dict[str, Any]] = field(default_factory=list)  # table rows of recipes ORT could not apply
+    ranges: RangeCache | None = None  # the calibration ranges, computed once per method for every recipe
 
     @classmethod
     def of(  # noqa: PLR0917  (the prepared model and its surroundings)
@@ -255,14 +257,15 @@ class _Trial:
         size = (int(held[0].shape[-1]), int(held[0].shape[-2]))
         metadata = dict(parent.get_modelmeta().custom_metadata_map)
         task, detector = task_judge(opts.judge(), names, shapes, metadata, size, reference[0])
-        return cls(prepared, name, calib, held, opts, tmp, reference, names, task, detector)
+        ranges = RangeCache(prepared, name, calib, tmp)
+        return cls(prepared, name, calib, held, opts, tmp, reference, names, task, detector, ranges=ranges)
 
     def run(self, r: recipes.Recipe) -> tuple[recipes.Recipe, Path, dict[str, Any]] | None:
         """(recipe, model, verdict), or None when ORT cannot quantize the model this way (logged, and kept in
         `failed` for the table)."""
         path = self.tmp / f"{r.name}.onnx"
         try:
-            _quantize_static(self.prepared, path, self.name, self.calib, with_recipe(self.opts, r))
+            _quantize_static(self.prepared, path, self.name, self.calib, with_recipe(self.opts, r), self.ranges)
         except ToolError as exc:
             log.info("recipe %s: quantization failed: %s", r.name, exc)
             why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -507,7 +510,9 @@ def _check_excluded(prepared: Path, nodes: tuple[str, ...]) -> None:
         )
 
 
-def _quantize_static(src: Path, dst: Path, input_name: str, inputs: list[Tensor], opts: QuantizeOptions) -> None:
+def _quantize_static(  # noqa: PLR0917  (the model, its frames, the recipe and the ranges found so far)
+    src: Path, dst: Path, input_name: str, inputs: list[Tensor], opts: QuantizeOptions, ranges: RangeCache | None
+) -> None:
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static  # noqa: PLC0415
 
     qtype = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
@@ -522,16 +527,20 @@ def _quantize_static(src: Path, dst: Path, input_name: str, inputs: list[Tensor]
     }
     if opts.method == "percentile":
         extra["CalibPercentile"] = opts.percentile
-    # Collect CALIB_STRIDE frames' activations at a time, fold them into the ranges or histograms, drop them:
-    # memory then grows with the model, not with the number of calibration frames (ORT otherwise keeps every
-    # intermediate tensor of every frame until the end: 0.45 GB a frame for a 640x480 text detector)
-    extra["CalibStridedMinMax"] = CALIB_STRIDE
+    cached = ranges is not None and cache_supported()
+    if not cached:
+        # ORT's own strided calibration (an onnxruntime without calibration_cache_path): CALIB_STRIDE frames'
+        # activations at a time; histograms may still grow (edged/tools/calibration.py)
+        extra["CalibStridedMinMax"] = CALIB_STRIDE
+    key = (opts.method, _symmetric(opts), opts.percentile)
+    reads = ranges.reads(key) if ranges is not None and cached else len(inputs)
     # ORT prints calibration chatter on stdout, which is for --json: it goes to stderr
     with (
-        progress_bar(f"calibrating ({opts.method})", len(inputs), enabled=opts.progress) as advance,
+        progress_bar(f"calibrating ({opts.method})", reads, enabled=opts.progress and reads > 0) as advance,
         contextlib.redirect_stdout(sys.stderr),
     ):
-        reader = CountingReader(input_name, inputs, advance)
+        reader = None if cached else CountingReader(input_name, inputs, advance)
+        cache = {"calibration_cache_path": str(ranges.path(key, advance))} if ranges is not None and cached else {}
         try:
             quantize_static(
                 str(src),
@@ -546,6 +555,7 @@ def _quantize_static(src: Path, dst: Path, input_name: str, inputs: list[Tensor]
                 weight_type=qtype[opts.weight_type],
                 calibrate_method=method,
                 extra_options=extra,
+                **cache,
             )
         except Exception as exc:
             raise ToolError(f"onnxruntime's quantizer failed: {exc}") from exc

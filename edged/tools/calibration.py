@@ -1,0 +1,161 @@
+"""Calibration ranges in bounded memory, computed once per calibration method for a whole recipe search.
+
+ONNX Runtime's own calibration inside `quantize_static` either keeps every intermediate tensor of every
+frame until the end (0.45 GB a frame for a 640x480 text detector), or, strided (`CalibStridedMinMax`), folds
+a few frames at a time into histograms that *grow*: each histogram's bin width is fixed by the first
+frames' range, and every later frame with a wider range adds bins (`merge_histogram`). A tensor whose first
+range is tiny ends with millions of bins: 64 frames of the text detector peaked at 5.9 GB and took ten
+minutes, most of it the entropy search over those bins.
+
+So edged calibrates itself with ORT's public calibrators (`create_calibrator`), one frame at a time:
+MinMax directly; for the histogram methods (entropy, percentile) a MinMax pass first gives each tensor's
+whole range, and the histograms are then seeded with it, so that merging never adds a bin: memory is the
+model plus one frame's activations plus fixed-size histograms, whatever the number of frames, and the
+result is the histogram ORT would build from all the frames at once. The ranges go to `quantize_static`
+as its calibration cache (`calibration_cache_path`: onnxruntime 1.32 has it); without it edged falls back to the
+strided calibration inside `quantize_static`.
+
+The ranges depend on the method, the symmetry of the activations and the percentile, not on the other
+parts of a recipe (weights, per-channel, kept nodes), so a search computes each at most once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edged.tools.progress import CountingReader
+
+log = logging.getLogger(__name__)
+
+Tensor = Any
+Key = tuple[str, bool, float]  # (method, symmetric activations, percentile)
+
+
+def cache_supported() -> bool:
+    """Whether this onnxruntime's quantize_static takes ready ranges (`calibration_cache_path`)."""
+    from onnxruntime.quantization import quantize_static  # noqa: PLC0415
+
+    return "calibration_cache_path" in inspect.signature(quantize_static).parameters
+
+
+class RangeCache:
+    """The calibration ranges of one prepared model on one set of frames, per (method, symmetric,
+    percentile), as files `quantize_static` reads."""
+
+    def __init__(self, model: Path, input_name: str, inputs: list[Tensor], folder: Path) -> None:
+        self.model = model
+        self.input_name = input_name
+        self.inputs = inputs
+        self.folder = folder
+        self._paths: dict[Key, Path] = {}
+        self._minmax: dict[bool, Any] = {}  # symmetric -> TensorsData of the MinMax pass
+
+    def reads(self, key: Key) -> int:
+        """Frames `path(key)` will read (0 when its ranges are there already): for the progress bar."""
+        if key in self._paths:
+            return 0
+        n = len(self.inputs)
+        if key[0] == "minmax":
+            return 0 if key[1] in self._minmax else n
+        return n + (0 if False in self._minmax else n)
+
+    def path(self, key: Key, advance: Callable[[int], None]) -> Path:
+        """The ranges for `key` as a calibration cache file, computed on first use."""
+        if key not in self._paths:
+            from onnxruntime.quantization.calibrate import save_tensors_data  # noqa: PLC0415
+
+            data = self._compute(key, advance)
+            path = self.folder / f"ranges-{len(self._paths)}.json"
+            save_tensors_data(data, path)
+            self._paths[key] = path
+        return self._paths[key]
+
+    def _compute(self, key: Key, advance: Callable[[int], None]) -> Any:
+        method, symmetric, percentile = key
+        if method == "minmax":
+            return self._minmax_ranges(symmetric, advance)
+        bounds = self._minmax_ranges(False, advance)  # each tensor's whole range seeds its histogram
+        extra: dict[str, Any] = {"symmetric": symmetric}
+        if method == "percentile":
+            extra["percentile"] = percentile
+        with self._calibrator(method, extra) as calibrator:
+            seed_histograms(calibrator, bounds)
+            self._collect(calibrator, advance)
+            return calibrator.compute_data()
+
+    def _minmax_ranges(self, symmetric: bool, advance: Callable[[int], None]) -> Any:
+        if symmetric not in self._minmax:
+            with self._calibrator("minmax", {"symmetric": symmetric}) as calibrator:
+                self._collect(calibrator, advance)
+                self._minmax[symmetric] = calibrator.compute_data()
+        return self._minmax[symmetric]
+
+    @contextlib.contextmanager
+    def _calibrator(self, method: str, extra: dict[str, Any]) -> Iterator[Any]:
+        from onnxruntime.quantization import CalibrationMethod  # noqa: PLC0415
+        from onnxruntime.quantization.calibrate import create_calibrator  # noqa: PLC0415
+
+        kind = {
+            "minmax": CalibrationMethod.MinMax,
+            "entropy": CalibrationMethod.Entropy,
+            "percentile": CalibrationMethod.Percentile,
+        }[method]
+        augmented = self.folder / "augmented.onnx"
+        with contextlib.redirect_stdout(sys.stderr):  # ORT prints its progress on stdout, which is for --json
+            calibrator = create_calibrator(
+                self.model,
+                None,  # every tensor: the recipes' op types and kept nodes choose among them later
+                augmented_model_path=str(augmented),
+                calibrate_method=kind,
+                extra_options=extra,
+            )
+        try:
+            yield calibrator
+        finally:
+            del calibrator
+            augmented.unlink(missing_ok=True)
+
+    def _collect(self, calibrator: Any, advance: Callable[[int], None]) -> None:
+        """One frame at a time: its activations are folded in and dropped before the next."""
+        reader = CountingReader(self.input_name, self.inputs, advance)
+        with contextlib.redirect_stdout(sys.stderr):
+            for start in range(len(self.inputs)):
+                reader.set_range(start, start + 1)
+                calibrator.collect_data(reader)
+
+
+def seed_histograms(calibrator: Any, bounds: Any) -> None:
+    """Give every tensor's histogram its whole range before the first frame, so that ORT's merging of later
+    frames never widens it by adding bins: the bins ORT would choose seeing all the frames at once."""
+    from onnxruntime.quantization.calibrate import HistogramCollector  # noqa: PLC0415
+
+    collector = HistogramCollector(
+        method=calibrator.method,
+        symmetric=calibrator.symmetric,
+        num_bins=calibrator.num_bins,
+        num_quantized_bins=calibrator.num_quantized_bins,
+        percentile=calibrator.percentile,
+        scenario=calibrator.scenario,
+    )
+    absolute = calibrator.method == "percentile" and calibrator.symmetric  # ORT's collect_absolute_value
+    for name, data in bounds.data.items():
+        low, high = (np.asarray(v, dtype=np.float32).reshape(()) for v in data.range_value)
+        threshold = np.float32(max(abs(float(low)), abs(float(high))))
+        if not np.isfinite(threshold) or threshold <= 0:
+            continue  # an all-zero or broken tensor: ORT builds its histogram from the data as usual
+        hist = np.zeros(calibrator.num_bins, dtype=np.int64)
+        if absolute:
+            edges = np.linspace(0.0, threshold, calibrator.num_bins + 1, dtype=np.float32)
+            collector.histogram_dict[name] = (hist, edges, low, high)
+        else:
+            edges = np.linspace(-threshold, threshold, calibrator.num_bins + 1, dtype=np.float32)
+            collector.histogram_dict[name] = (hist, edges, low, high, threshold)
+    calibrator.collector = collector
