@@ -358,7 +358,7 @@ class Daemon:
     def reasons(self, spool: dict[str, Any] | None = None) -> list[str]:
         """Why the daemon is not fully working, one line each; empty when everything works."""
         out = [
-            f"pipeline {runner.name} {runner.stats.state}"
+            f"pipeline {runner.name} {runner.stats.state}" + (f": {runner.stats.error}" if runner.stats.error else "")
             for runner in self.pipelines
             if runner.stats.state in ("reconnecting", "failed", "waiting")  # waiting: a sensor sends no data
         ]

@@ -125,12 +125,11 @@ class Source(Supervised):
     def _note_failure(self, why: str, logged: int) -> int:
         """Count a reconnect, show it in the status, log it; returns the failures in a row so far."""
         self.stats.count_reconnect()
-        self.stats.set_state("reconnecting", f"{self.cfg.uri}: {why}")
+        where = getattr(self, "where", str(self.cfg.uri))  # a camera's stream address without its password
+        self.stats.set_state("reconnecting", f"{where}: {why}")
         # the first failures in a row are worth a warning; after that the status shows the count
         level = logging.WARNING if logged < 3 else logging.DEBUG
-        log.log(
-            level, "source %s: %s; reconnecting with backoff", self.cfg.uri, why, extra={"PIPELINE": self.stats.name}
-        )
+        log.log(level, "source %s: %s; reconnecting with backoff", where, why, extra={"PIPELINE": self.stats.name})
         return logged + 1
 
     def detach(self) -> None:

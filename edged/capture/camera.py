@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field, model_validator
 
+from edged.capture import rtsp
 from edged.capture.base import SOURCES, Frame, FrameSlot, Preparer, Source
 from edged.capture.motion import MotionGate
 from edged.core.backoff import Backoff
@@ -48,7 +49,19 @@ class CameraSourceConfig(Strict):
     width: int | None = Field(None, gt=0, description="Resolution to request from a camera (width).")
     height: int | None = Field(None, gt=0, description="Resolution to request from a camera (height).")
     reconnect_min_s: float = Field(0.5, gt=0, description="First reconnect delay after a failure.")
-    reconnect_max_s: float = Field(30.0, gt=0, description="Cap of the exponential reconnect delay.")
+    reconnect_max_s: float = Field(
+        4.0,
+        gt=0,
+        description="Cap of the exponential reconnect delay: a camera that comes back is read within about this "
+        "long (plus its open time).",
+    )
+    stall_s: float = Field(
+        5.0,
+        gt=0,
+        description="A stream (rtsp://, http://) that delivers no frame for this long has stalled: it is reopened "
+        "and status says so (OpenCV's FFmpeg read timeout).",
+    )
+    open_timeout_s: float = Field(10.0, gt=0, description="How long opening a stream may take before it is retried.")
     stop_at_end: bool = Field(
         False,
         description="A video file that ends stops this pipeline instead of being reopened "
@@ -93,7 +106,14 @@ def open_capture(cfg: CameraSourceConfig) -> Any:
     elif kind == "gstreamer":
         cap = cv2.VideoCapture(str(uri), cv2.CAP_GSTREAMER)
     elif kind == "stream":
-        cap = cv2.VideoCapture(str(uri), cv2.CAP_FFMPEG)
+        # FFmpeg's own read timeout is 30 s: a frozen camera looked healthy for a minute and a half
+        timeouts = [
+            cv2.CAP_PROP_OPEN_TIMEOUT_MSEC,
+            int(cfg.open_timeout_s * 1000),
+            cv2.CAP_PROP_READ_TIMEOUT_MSEC,
+            int(cfg.stall_s * 1000),
+        ]
+        cap = cv2.VideoCapture(str(uri), cv2.CAP_FFMPEG, timeouts)
     else:
         cap = cv2.VideoCapture(str(uri))
     if cap.isOpened() and kind == "device":
@@ -135,6 +155,8 @@ class CameraSource(Source):
         self._open = capture_factory
         self._prepare = prepare
         self._counter = 0
+        self._last_frame_mono = time.monotonic()
+        self.where = rtsp.redact_uri(str(cfg.uri))  # for logs and status: never a password
 
     def body(self) -> None:
         """Open, read, and on failure reopen with backoff, until stopped or the file ended for good."""
@@ -148,6 +170,7 @@ class CameraSource(Source):
                     self._halt.wait(backoff.next_delay())
                     continue
                 self.stats.set_state("running")
+                self._last_frame_mono = time.monotonic()
                 outcome, frames = self._read_loop(cap)
                 cap.release()
                 if frames:
@@ -158,14 +181,14 @@ class CameraSource(Source):
                 if outcome == "end" and self.kind == "file":
                     if self.cfg.stop_at_end:
                         log.info(
-                            "source %s: end of file after %d frames", self.cfg.uri, frames,
+                            "source %s: end of file after %d frames", self.where, frames,
                             extra={"PIPELINE": self.stats.name},
                         )  # fmt: skip
                         self.stats.set_state("ended")
                         return
                     if self.cfg.loop and frames:
                         continue  # start the file again at once
-                why = "end of file" if outcome == "end" else "read failed"
+                why = "end of file" if outcome == "end" else self._read_failure(frames)
                 failures_logged = self._note_failure(f"{why} after {frames} frames", failures_logged)
                 self._halt.wait(backoff.next_delay())
         finally:
@@ -188,8 +211,17 @@ class CameraSource(Source):
         if cap is None or not cap.isOpened():
             if cap is not None:
                 cap.release()
+            if self.kind == "stream":  # the camera's own answer says more than OpenCV's "not opened"
+                return None, f"cannot open: {rtsp.probe(str(self.cfg.uri)) or 'the stream did not open'}"
             return None, "cannot open (device busy or gone, or unsupported format)"
         return cap, ""
+
+    def _read_failure(self, frames: int) -> str:
+        """Why the read loop ended on a live source: a stall (no frame for stall_s), or a read error."""
+        gap = time.monotonic() - self._last_frame_mono
+        if self.kind == "stream" and gap >= self.cfg.stall_s * 0.9:
+            return f"stalled: no frame for {gap:.1f} s after {frames} frames"
+        return f"read failed after {frames} frames"
 
     def _frame(self, image: npt.NDArray[np.uint8], index: int, ts: float) -> Frame:
         if self._prepare is None:
@@ -198,6 +230,13 @@ class CameraSource(Source):
         t0 = time.perf_counter()
         tensor, token = self._prepare(image)
         return Frame(image, ts, index, tensor, (time.perf_counter() - t0) * 1e3, token)
+
+    def _read(self, cap: Any) -> tuple[bool, Any]:
+        """One frame (a stream's read gives up after stall_s); remembers when the last one came."""
+        ok, image = cap.read()
+        if ok and image is not None:
+            self._last_frame_mono = time.monotonic()
+        return bool(ok), image
 
     def _read_loop(self, cap: Any) -> tuple[ReadOutcome, int]:
         interval = 1.0 / self.cfg.fps if self.cfg.fps > 0 else 0.0
@@ -212,7 +251,7 @@ class CameraSource(Source):
                 while not self.slot.wait_empty(0.2):
                     if self._halt.is_set():
                         return "stopped", frames
-            ok, image = cap.read()
+            ok, image = self._read(cap)
             if not ok or image is None:
                 return ("end" if self.kind == "file" else "failed"), frames
             index = frames if self.kind == "file" else self._counter

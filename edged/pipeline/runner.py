@@ -15,6 +15,7 @@ from typing import Any
 
 from edged.capture.base import FrameSlot, Source, make_source
 from edged.capture.motion import MotionGate
+from edged.capture.rtsp import redact_uri
 from edged.capture.sensor import SensorSourceConfig
 from edged.core.errors import EdgedError
 from edged.core.stats import PipelineStats
@@ -65,7 +66,7 @@ class PipelineRunner:
         self.on_result = on_result
         self.on_worker_exit = on_worker_exit  # the daemon sleeps until a worker ends
         self.source_kwargs = source_kwargs or {}  # extra arguments for the source (tests: a fake capture)
-        self.stats = PipelineStats(cfg.name, str(cfg.source.uri))
+        self.stats = PipelineStats(cfg.name, redact_uri(str(cfg.source.uri)))
         self.slot = FrameSlot()
         self.source: Source | None = None
         self.workers: list[InferenceWorker] = []
@@ -161,7 +162,7 @@ class PipelineRunner:
                 })  # fmt: skip
         if (new.source, new.motion, new.frame_size, new.masks) != (old.source, old.motion, old.frame_size, old.masks):
             self._restart_source(new)
-            notes.append(f"pipeline {new.name}: source restarted on {new.source.uri}")
+            notes.append(f"pipeline {new.name}: source restarted on {redact_uri(str(new.source.uri))}")
         if (new.publish, new.snapshot) != (old.publish, old.snapshot):
             self._apply_outputs(new)
             notes.append(f"pipeline {new.name}: publish/snapshot settings applied (the publish filter starts afresh)")
@@ -189,10 +190,10 @@ class PipelineRunner:
                     cfg.name, SOURCE_STOP_S,
                 )  # fmt: skip
         with self.stats.lock:
-            self.stats.source_uri = str(cfg.source.uri)
+            self.stats.source_uri = redact_uri(str(cfg.source.uri))
         self.source = self._make_source(cfg)
         self.source.start()
-        log.info("pipeline %s: source restarted on %s", cfg.name, cfg.source.uri)
+        log.info("pipeline %s: source restarted on %s", cfg.name, redact_uri(str(cfg.source.uri)))
 
     def swap_model(self, cfg: PipelineConfig) -> bool:
         """Build and warm up `cfg`'s model beside the running one, then switch. False keeps the old one
@@ -247,7 +248,7 @@ class PipelineRunner:
             if self.source.is_alive():
                 log.warning(
                     "pipeline %s: source %s did not stop within %.1f s; abandoned (its thread ends with edged)",
-                    self.cfg.name, self.cfg.source.uri, waited,
+                    self.cfg.name, redact_uri(str(self.cfg.source.uri)), waited,
                 )  # fmt: skip
         self.slot.close()  # the workers finish what is in the slot, then end
         for worker in self.workers:

@@ -1,0 +1,93 @@
+"""RTSP cameras: edged against a real RTSP server (GStreamer's, tests/rtspcam.py) serving the sample video.
+A stream that freezes with its connection open turns status degraded within `stall_s` and recovers by
+itself; a camera that goes away is read again soon after it is back; a wrong path or password is said plainly
+(and the password is never shown)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import StartDaemon, base_config, make_tiny_model, wait_for, write_config
+from rtspcam import RtspCamera
+
+
+@pytest.fixture
+def camera(tmp_path: Path) -> Iterator[RtspCamera]:
+    cam = RtspCamera(tmp_path / "cam")
+    cam.start()
+    yield cam
+    cam.stop()
+
+
+def config(tmp_path: Path, url: str) -> Path:
+    cfg = base_config(tmp_path, make_tiny_model(tmp_path / "tiny.onnx"), url, stop_at_end=False,
+                      reconnect_min_s=0.2, reconnect_max_s=1.0, stall_s=2.0, open_timeout_s=2.0)  # fmt: skip
+    return write_config(tmp_path / "edged.yaml", cfg)
+
+
+def frames(snap: dict[str, Any] | None) -> int:
+    return int(snap["pipelines"][0]["frames"]) if snap else -1
+
+
+@pytest.mark.integration
+def test_a_frozen_stream_degrades_within_the_stall_timeout_and_recovers(
+    tmp_path: Path, camera: RtspCamera, start_daemon: StartDaemon
+) -> None:
+    daemon = start_daemon(config(tmp_path, camera.url()))
+    before = wait_for(lambda: (s := daemon.status()) and frames(s) >= 20 and s, 60, "frames from the camera")
+    assert before["state"] == "running", before["reasons"]
+    camera.freeze()
+    frozen_at = time.monotonic()
+    stalled = wait_for(lambda: (s := daemon.status()) and s["state"] == "degraded" and s, 30, "the stall seen")
+    noticed_s = time.monotonic() - frozen_at
+    reason = next(r for r in stalled["reasons"] if r.startswith("pipeline cam0"))
+    assert "stalled: no frame for" in reason or "cannot open" in reason, reason
+    assert noticed_s < 15, f"a frozen camera looked healthy for {noticed_s:.1f} s"
+    camera.thaw()
+    seen = frames(daemon.status())
+    back = wait_for(lambda: (s := daemon.status()) and frames(s) > seen + 10 and s["state"] == "running" and s, 30,
+                    "frames again after the camera thawed")  # fmt: skip
+    assert back["reasons"] == []
+
+
+@pytest.mark.integration
+def test_a_camera_that_comes_back_is_read_again(tmp_path: Path, camera: RtspCamera, start_daemon: StartDaemon) -> None:
+    daemon = start_daemon(config(tmp_path, camera.url()))
+    wait_for(lambda: frames(daemon.status()) >= 20, 60, "frames from the camera")
+    camera.stop()
+    wait_for(lambda: (s := daemon.status()) and s["state"] == "degraded", 30, "the camera gone")
+    seen = frames(daemon.status())
+    camera.start()
+    back_at = time.monotonic()
+    wait_for(lambda: frames(daemon.status()) > seen + 5, 30, "frames after the camera came back")
+    assert time.monotonic() - back_at < 15
+
+
+@pytest.mark.integration
+def test_wrong_path_and_wrong_password_are_said_plainly(tmp_path: Path, start_daemon: StartDaemon) -> None:
+    cam = RtspCamera(tmp_path / "cam", user="edged", password="right-secret")  # noqa: S106  (a test camera)
+    cam.start()
+    try:
+        for name, url, expected in (
+            ("path", cam.url("/nope", "edged", "right-secret"), "has no stream at /nope (404 Not Found)"),
+            ("password", cam.url("/cam", "edged", "wrong-secret"), "refused the user name or password in the URL"),
+        ):
+            work = tmp_path / name
+            work.mkdir()
+            daemon = start_daemon(config(work, url))
+            snap = wait_for(lambda d=daemon: (s := d.status()) and s["state"] == "degraded" and s, 60, name)  # type: ignore[misc]
+            reason = next(r for r in snap["reasons"] if r.startswith("pipeline cam0"))
+            assert expected in reason, reason
+            assert "secret" not in str(snap), "a password reached the status"
+            _, err = daemon.stop()
+            assert "secret" not in err, "a password reached the log"
+        good = tmp_path / "good"
+        good.mkdir()
+        daemon = start_daemon(config(good, cam.url("/cam", "edged", "right-secret")))
+        wait_for(lambda: frames(daemon.status()) >= 10, 60, "frames with the right password")
+    finally:
+        cam.stop()
