@@ -121,6 +121,8 @@ def _ingest_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     i.add_argument("--json", action="store_true", help="--report as JSON")
     i.add_argument("--host", default="localhost", help="MQTT broker host")
     i.add_argument("--port", type=int, default=1883, help="MQTT broker port")
+    i.add_argument("--protocol", choices=("5", "3.1.1"), default="5",
+                   help="MQTT version (default 5; 3.1.1 for a broker without 5: no shared subscriptions)")  # fmt: skip
     i.add_argument("--group", default="edged-ingest", help="shared-subscription group ('' = plain subscription)")
     i.add_argument("--client-id", help="MQTT client id, stable across restarts (default edged-ingest-<host name>)")
     i.add_argument("--topic", default="edged/+/+/results", help="results topic filter")

@@ -15,6 +15,11 @@ from conftest import StartDaemon, Subscribe, base_config, make_tiny_model, make_
 from rabbitmq import RabbitMQ
 from test_daemon import spool_seqs
 
+from edged.core.errors import IngestError
+from edged.fleet.ingest import Ingest, IngestOptions
+from edged.fleet.ingestdb import open_database
+from edged.fleet.report import build_report
+
 
 @pytest.fixture(scope="module")
 def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitMQ]:
@@ -79,3 +84,33 @@ def test_a_rabbitmq_outage_loses_no_seq(
     top = max(accounted())
     assert top >= 30
     wait_for(lambda: accounted() == set(range(1, top + 1)), 30, "every seq delivered or still spooled")
+
+
+@pytest.mark.integration
+def test_ingest_over_mqtt_3_1_1_lands_every_result_from_rabbitmq(
+    tmp_path: Path, rabbit: RabbitMQ, start_daemon: StartDaemon
+) -> None:
+    """`edged ingest --protocol 3.1.1` (RabbitMQ 3.10 has no MQTT 5, so no shared subscription): every result
+    of a device lands once in SQLite, and the report finds nothing missing."""
+    ingest = Ingest(
+        IngestOptions(host=rabbit.host, port=rabbit.port, protocol="3.1.1", group="", client_id="ingest-rabbit"),
+        open_database(str(tmp_path / "r.db")),
+    )
+    ingest.start()
+    try:
+        model, video = make_tiny_model(tmp_path / "tiny.onnx"), make_video(tmp_path / "v.mp4", 40)
+        cfg = base_config(tmp_path, model, str(video), broker=rabbit)  # type: ignore[arg-type]
+        cfg["mqtt"] |= {"enabled": True, "protocol": "3.1.1"}  # the 40 frames end before a fallback would
+        daemon = start_daemon(write_config(tmp_path / "edged.yaml", cfg))
+        wait_for(lambda: ingest.db.count() == 40, 60, "the video's 40 results in the database")
+        daemon.stop()
+        entry = next(d for d in build_report(ingest.db)["devices"] if d["device"] == cfg["device_id"])
+        assert (entry["missing"], entry["unexplained"], entry["pipelines"][0]["last_seq"]) == (0, 0, 40)
+    finally:
+        ingest.stop()
+        ingest.db.close()
+
+
+def test_ingest_refuses_shared_subscriptions_over_mqtt_3_1_1() -> None:
+    with pytest.raises(IngestError, match=r"need MQTT 5"):
+        Ingest(IngestOptions(protocol="3.1.1", group="g"), open_database(":memory:"))

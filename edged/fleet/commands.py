@@ -29,6 +29,7 @@ def _options(args: argparse.Namespace) -> IngestOptions:
     return IngestOptions(
         host=args.host,
         port=args.port,
+        protocol=args.protocol,
         group=args.group,
         client_id=args.client_id or f"edged-ingest-{socket.gethostname()}",
         results_topic=args.topic,

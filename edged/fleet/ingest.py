@@ -46,6 +46,7 @@ class IngestOptions:
 
     host: str = "localhost"
     port: int = 1883
+    protocol: str = "5"  # "3.1.1" for a broker without MQTT 5: a persistent session, no shared subscriptions
     group: str = "edged-ingest"  # shared-subscription group; "" subscribes plainly (one ingest only)
     client_id: str = "edged-ingest"  # stable: the broker keeps this session while the ingest is away
     results_topic: str = "edged/+/+/results"
@@ -161,10 +162,17 @@ class Ingest:
 
     def _new_client(self) -> paho.Client:
         opts = self.opts
+        mqtt5 = opts.protocol == "5"
+        if not mqtt5 and opts.group:
+            raise IngestError(
+                f"shared subscriptions (--group {opts.group}) need MQTT 5; with --protocol 3.1.1 give --group '' "
+                "(one ingest per broker)"
+            )
         client = paho.Client(
             callback_api_version=CallbackAPIVersion.VERSION2,
             client_id=opts.client_id,
-            protocol=paho.MQTTv5,
+            protocol=paho.MQTTv5 if mqtt5 else paho.MQTTv311,
+            clean_session=None if mqtt5 else False,  # 3.1.1: the broker keeps the session while we are away
             manual_ack=True,
         )
         client.reconnect_delay_set(1, 30)
@@ -198,11 +206,12 @@ class Ingest:
             self._generation += 1
             self.counters.connects += 1
         shared = f"$share/{self.opts.group}/" if self.opts.group else ""
-        results = (shared + self.opts.results_topic, SubscribeOptions(qos=1))
-        events = (shared + self.opts.events_topic, SubscribeOptions(qos=1))
+        qos: Any = SubscribeOptions(qos=1) if self.opts.protocol == "5" else 1  # paho: options for 5, a number for 3
+        results = (shared + self.opts.results_topic, qos)
+        events = (shared + self.opts.events_topic, qos)
         # retained stats are not sent to shared subscriptions: every ingest reads them (upserts are idempotent)
-        stats = (self.opts.stats_topic, SubscribeOptions(qos=1))
-        gaps = (shared + self.opts.gaps_topic, SubscribeOptions(qos=1))
+        stats = (self.opts.stats_topic, qos)
+        gaps = (shared + self.opts.gaps_topic, qos)
         client.subscribe([results, events, stats, gaps])
         log.info("ingest: connected to %s:%d as %s", self.opts.host, self.opts.port, self.opts.client_id)
 
@@ -228,12 +237,15 @@ class Ingest:
         """Connect (resuming the session the broker kept) and start the writer."""
         self.writer.start()
         try:
-            self.client.connect(
-                self.opts.host,
-                self.opts.port,
-                clean_start=False,  # resume the session: what arrived while we were away is delivered now
-                properties=self._connect_properties(),
-            )
+            if self.opts.protocol == "5":
+                self.client.connect(
+                    self.opts.host,
+                    self.opts.port,
+                    clean_start=False,  # resume the session: what arrived while we were away is delivered now
+                    properties=self._connect_properties(),
+                )
+            else:
+                self.client.connect(self.opts.host, self.opts.port)
         except (OSError, ValueError) as exc:
             self.stop()
             raise IngestError(f"cannot connect to {self.opts.host}:{self.opts.port}: {exc}") from exc
