@@ -22,6 +22,7 @@ parts of a recipe (weights, per-channel, kept nodes), so a search computes each 
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import logging
 import sys
@@ -117,10 +118,15 @@ class RangeCache:
                 calibrate_method=kind,
                 extra_options=extra,
             )
+        calibrator.infer_session = arena_free_session(augmented)
         try:
             yield calibrator
         finally:
-            del calibrator
+            # the session of a model whose every tensor is an output is the big one: let it go now, not when the
+            # cyclic collector gets to the calibrator
+            calibrator.infer_session = None
+            calibrator = None
+            gc.collect()
             augmented.unlink(missing_ok=True)
 
     def _collect(self, calibrator: Any, advance: Callable[[int], None]) -> None:
@@ -130,6 +136,19 @@ class RangeCache:
             for start in range(len(self.inputs)):
                 reader.set_range(start, start + 1)
                 calibrator.collect_data(reader)
+
+
+def arena_free_session(path: Path) -> Any:
+    """A CPU session of an augmented model (every tensor an output) as ORT's calibrators make it, without
+    ORT's memory arena: the arena keeps the largest run's buffers (all of one frame's activations, most of
+    a GB at 640x480) for the life of the session; without it they go back after each frame."""
+    import onnxruntime as ort  # noqa: PLC0415
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as ORT's calibrators run it
+    opts.enable_cpu_mem_arena = False
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
 def seed_histograms(calibrator: Any, bounds: Any) -> None:
