@@ -43,6 +43,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def answers(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections on host:port (a broker that has started)."""
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -82,11 +91,7 @@ class Broker:
         wait_for(self._answers, 10, f"mosquitto on port {self.port}")
 
     def _answers(self) -> bool:
-        try:
-            with socket.create_connection((self.host, self.port), timeout=0.2):
-                return True
-        except OSError:
-            return False
+        return answers(self.host, self.port)
 
     def stop(self) -> None:
         if self.proc is not None:

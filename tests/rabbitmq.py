@@ -11,13 +11,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import free_port, wait_for
+from conftest import answers, free_port, wait_for
 
 SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 START_TIMEOUT_S = 180  # about 10 s on an idle 2-core machine; much more beside stress-ng
@@ -65,11 +64,7 @@ class RabbitMQ:
         if self.proc is not None and self.proc.poll() is not None:
             log = (self.workdir / "rabbitmq.out").read_text(encoding="utf-8", errors="replace")[-2000:]
             pytest.fail(f"rabbitmq-server exited with {self.proc.returncode}: {log}")
-        try:
-            with socket.create_connection((self.host, self.port), timeout=0.2):
-                return True
-        except OSError:
-            return False
+        return answers(self.host, self.port)
 
     def stop(self) -> None:
         """Stop the node (its whole process group: the script, the Erlang VM and its helpers)."""
