@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import select
 import signal
+import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -260,6 +262,10 @@ class Daemon:
         wake = self._wake
         if wake is None:
             raise RuntimeError("Daemon.wait() before start()")
+        with wake_on_signals(wake):
+            self._wait(wake)
+
+    def _wait(self, wake: Waker) -> None:
         timers = self._timers()
         while not self._stopping():
             select.select([wake], [], [], max(0.0, min(due for due, _, _ in timers) - time.monotonic()))
@@ -468,6 +474,22 @@ class Daemon:
         if not self.config.mqtt.enabled:
             broker = "disabled"
         return f"{self.health()}: {fps} spool={depth} mqtt={broker}"
+
+
+@contextlib.contextmanager
+def wake_on_signals(wake: Waker) -> Iterator[None]:
+    """While the main thread sleeps in select(), every signal also writes to `wake`. The kernel may hand
+    SIGTERM to any thread; Python runs the handler only in the main thread, so without this a stop asked
+    while the main thread slept waited up to LOG_EVERY_S (60 s) for select() to time out. Does nothing off
+    the main thread (tests run wait() in a thread; signals are not theirs)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.set_wakeup_fd(wake.signal_fd(), warn_on_full_buffer=False)
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
 
 
 def run_daemon(daemon: Daemon) -> int:

@@ -311,7 +311,13 @@ class DaemonProc:
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> tuple[int, str]:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        _, err = self.proc.communicate(timeout=timeout)
+        try:
+            _, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # a hang: SIGABRT makes faulthandler (PYTHONFAULTHANDLER=1) print every thread's stack
+            self.proc.send_signal(signal.SIGABRT)
+            _, err = self.proc.communicate(timeout=30)
+            pytest.fail(f"the daemon did not stop within {timeout} s; its stderr and stacks:\n{err[-20000:]}")
         return self.proc.returncode, err
 
 
@@ -329,6 +335,7 @@ def start_daemon() -> Iterator[Callable[[Path], DaemonProc]]:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
         )
         d = DaemonProc(proc, Path(state) / "status.sock")
         procs.append(d)

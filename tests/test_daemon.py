@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
+import select
 import signal
 import sqlite3
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -257,3 +259,29 @@ def test_a_second_signal_exits_at_once(
         silent.close()
     assert code == 1
     assert "second SIGTERM: exiting now" in err
+
+
+def test_a_signal_the_kernel_hands_another_thread_still_wakes_the_main_thread() -> None:
+    # the kernel may deliver SIGTERM to any thread; Python runs the handler only in the main thread, which
+    # slept in select() for up to a minute: a `kill` went unanswered (CI saw a stop time out at 30 s)
+    from edged.core.waker import Waker
+    from edged.daemon import wake_on_signals
+
+    assert threading.current_thread() is threading.main_thread()  # pytest runs tests in the main thread
+    handled: list[int] = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, _frame: handled.append(signum))
+    wake = Waker()
+    try:
+        with wake_on_signals(wake):
+            other = threading.Thread(target=lambda: signal.pthread_kill(threading.get_ident(), signal.SIGUSR1))
+            other.start()  # the signal goes to this other thread, never to the main one
+            ready, _, _ = select.select([wake], [], [], 60)
+            other.join()
+        assert ready == [wake]  # woken by the signal, not by the 60 s timeout
+        assert handled == [signal.SIGUSR1]  # and the handler ran in the main thread
+        wake.drain()
+        ready, _, _ = select.select([wake], [], [], 0)
+        assert ready == []  # outside the block a signal no longer writes to the waker
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        wake.close()

@@ -70,7 +70,7 @@ def test_a_raising_result_hook_marks_the_pipeline_failed_and_status_says_why(tmp
         wait_for(lambda: rt.stats.state == "failed", 30, "the pipeline marked failed")
         assert "storing the result failed: a hook that breaks" in (rt.stats.error or "")
         assert daemon.health() == "degraded"
-        assert "pipeline cam0 failed" in daemon.reasons()
+        assert "pipeline cam0 failed: storing the result failed: a hook that breaks" in daemon.reasons()
         wait_for(lambda: not rt.running(), 30, "every worker of the pipeline ended")
     finally:
         finish(daemon, waiter)  # aftermath: the daemon still stops cleanly (it also stops by itself here)
@@ -283,7 +283,7 @@ def test_a_source_thread_that_dies_marks_its_pipeline_failed_and_the_status_says
         assert "source thread died: RuntimeError: driver bug" in (runner.stats.error or "")
         snapshot = daemon.snapshot()
         assert snapshot["state"] == "degraded"
-        assert "pipeline cam0 failed" in snapshot["reasons"]
+        assert "pipeline cam0 failed: source thread died: RuntimeError: driver bug" in snapshot["reasons"]
         assert "thread edged-source-cam0 died: RuntimeError: driver bug" in snapshot["reasons"]
         waiter.join(30)  # aftermath: its workers finished, every pipeline ended, so wait() returned
         assert not waiter.is_alive()

@@ -23,6 +23,11 @@ class Waker:
         """The read end, for select() and selectors."""
         return self._r.fileno()
 
+    def signal_fd(self) -> int:
+        """The write end, for `signal.set_wakeup_fd`: a signal that the kernel hands to another thread
+        still wakes the sleeper, so Python runs its handler now instead of when select() times out."""
+        return self._w.fileno()
+
     def poke(self) -> None:
         with contextlib.suppress(OSError):  # full (a wake-up is already pending) or closed
             self._w.send(b"!")
