@@ -139,9 +139,10 @@ class RangeCache:
 
 
 def arena_free_session(path: Path) -> Any:
-    """A CPU session of an augmented model (every tensor an output) as ORT's calibrators make it, without
-    ORT's memory arena: the arena keeps the largest run's buffers (all of one frame's activations, most of
-    a GB at 640x480) for the life of the session; without it they go back after each frame."""
+    """A CPU session of an augmented model (every tensor an output), unoptimised as ORT's calibrators and
+    qdq_loss_debug make it (the calibration and the sensitivity search both use it), without ORT's memory
+    arena: the arena keeps the largest run's buffers (all of one frame's activations, most of a GB at
+    640x480) for the life of the session; without it they go back after each frame."""
     import onnxruntime as ort  # noqa: PLC0415
 
     opts = ort.SessionOptions()

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from edged.core.errors import ToolError
+from edged.tools.calibration import arena_free_session
 from edged.tools.common import require_onnx
 from edged.tools.frames import Tensor
 
@@ -120,17 +121,12 @@ EPS = float(np.finfo(np.float64).eps) ** 2  # ORT's SQNR floors both norms at ep
 
 def _augmented_session(label: str, path: Path, tmp: Path) -> Any:
     """A session of the model with every intermediate tensor as an extra output (ORT's qdq_loss_debug)."""
-    import onnxruntime as ort  # noqa: PLC0415
     from onnxruntime.quantization import qdq_loss_debug as debug  # noqa: PLC0415
 
     augmented = tmp / f"{path.stem}.{label}.debug.onnx"
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as qdq_loss_debug runs it
-    opts.enable_cpu_mem_arena = False  # the arena would keep a whole frame's activations for the session's life
-    opts.log_severity_level = 3
     try:
         debug.modify_model_output_intermediate_tensors(str(path), str(augmented))
-        return ort.InferenceSession(str(augmented), sess_options=opts, providers=["CPUExecutionProvider"])
+        return arena_free_session(augmented)  # unoptimised, as qdq_loss_debug runs it
     except Exception as exc:
         raise ToolError(f"could not read the {label} model's intermediate outputs: {exc}") from exc
 
