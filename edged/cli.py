@@ -388,9 +388,11 @@ def _status(config_path: Path | None, socket_path: Path | None, *, as_json: bool
     from edged.ops.statusview import render  # noqa: PLC0415
 
     if socket_path is None:
-        from edged.config import load_config  # noqa: PLC0415
+        from edged.config import find_status_socket  # noqa: PLC0415
 
-        socket_path = load_config(config_path or default_config_path()).status_socket
+        socket_path, note = find_status_socket(config_path or default_config_path())
+        if note:  # a broken config is a note, not the answer: the daemon is still asked
+            print(note, file=sys.stderr)
     color = None if sys.stdout.isatty() else False
     if watch:
         from edged.ops.statusview import watch as watch_status  # noqa: PLC0415

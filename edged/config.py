@@ -8,6 +8,7 @@ the `status` socket section."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import socket
@@ -114,11 +115,7 @@ class Config(Strict):
     @field_validator("state_dir")
     @classmethod
     def _state_dir_relative(cls, value: Path, info: ValidationInfo) -> Path:
-        base = (info.context or {}).get("base_dir")
-        value = value.expanduser()
-        if not value.is_absolute() and base is not None:
-            return Path(base) / value
-        return value
+        return _relative_to(value, (info.context or {}).get("base_dir"))
 
     @field_validator("pipelines")
     @classmethod
@@ -140,6 +137,42 @@ class Config(Strict):
     def status_socket(self) -> Path:
         """Where the status socket lives."""
         return self.status.socket or self.state_dir / "status.sock"
+
+
+def _relative_to(value: Path, base: Path | None) -> Path:
+    """A relative state_dir is relative to the config file's folder."""
+    value = value.expanduser()
+    if not value.is_absolute() and base is not None:
+        return Path(base) / value
+    return value
+
+
+def find_status_socket(path: Path) -> tuple[Path, str | None]:
+    """(the status socket that the config file at `path` names, a note when the file does not load).
+
+    `edged status` must find the daemon whatever state the file is in: an operator who has just broken it
+    most needs to know whether the daemon still runs. So a file that fails validation (a typo, a model
+    file not there yet) still gives its `state_dir` and `status.socket` where those two keys are sound, and
+    the defaults where they are not; the note says that the file has problems and where to see them."""
+    try:
+        return load_config(path).status_socket, None
+    except ConfigError as exc:
+        problems = exc.problems
+    data: Any = None
+    with contextlib.suppress(ConfigError):
+        data, _ = configfile.load(configfile.read_text(path), str(path))
+    data = data if isinstance(data, dict) else {}
+    socket_path: Path | None = None
+    with contextlib.suppress(ValidationError):
+        socket_path = StatusConfig.model_validate(data.get("status") or {}).socket
+    if socket_path is None:
+        state_dir = Config.model_fields["state_dir"].default
+        with contextlib.suppress(TypeError):
+            state_dir = _relative_to(Path(data.get("state_dir", state_dir)), path.parent)
+        socket_path = state_dir / "status.sock"
+    more = f" (and {len(problems) - 1} more: edged check-config {path})" if len(problems) > 1 else ""
+    note = f"note: the config does not load (a reload keeps the running one): {problems[0]}{more}"
+    return socket_path, note
 
 
 def load_config(path: Path) -> Config:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edged.config import load_config
+from edged.config import find_status_socket, load_config
 from edged.core.errors import ConfigError
 
 
@@ -145,3 +145,16 @@ def test_run_refuses_invalid_config_with_the_same_message(tmp_path: Path, tiny_m
     run = run_cli("run", "--config", str(bad))
     assert run.returncode == 1
     assert run.stderr.strip() == check.stderr.strip()
+
+
+def test_the_status_socket_is_found_in_a_config_that_does_not_load(tmp_path: Path) -> None:
+    path = tmp_path / "edged.yaml"
+    path.write_text("state_dir: state\npipelines: [oops]\n", encoding="utf-8")
+    socket_path, note = find_status_socket(path)
+    assert socket_path == tmp_path / "state" / "status.sock"
+    assert note is not None
+    assert "pipelines" in note
+    path.write_text("status: {socket: /run/edged/s.sock}\nstate_dir: [not, a, path]\n", encoding="utf-8")
+    assert find_status_socket(path)[0] == Path("/run/edged/s.sock")
+    path.write_text("{{{ not yaml", encoding="utf-8")  # nothing usable: the packaged default
+    assert find_status_socket(path)[0] == Path("/var/lib/edged/status.sock")

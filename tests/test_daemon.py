@@ -174,6 +174,29 @@ def test_status_json_keys_table_and_socket_mode(
 
 
 @pytest.mark.integration
+def test_status_with_a_config_broken_after_start_still_asks_the_daemon(
+    tmp_path: Path, broker: Broker, start_daemon: StartDaemon, live_setup: tuple[Path, Path]
+) -> None:
+    config = live_config(tmp_path, *live_setup, broker)
+    daemon = start_daemon(config)
+    wait_for(lambda: (s := daemon.status()) and s["state"] == "running", 30, "running")
+    good = config.read_text(encoding="utf-8")
+    # the operator's edit in progress: a model that is not there yet and a typo in a key
+    config.write_text(
+        good.replace(str(live_setup[0]), str(tmp_path / "new.int8.onnx")) + "log_levle: debug\n", encoding="utf-8"
+    )
+    res = edged("status", "--config", str(config))
+    assert res.returncode == 0, res.stderr  # the daemon's answer (running), not the file's
+    assert "cam0" in res.stdout
+    note = res.stderr.strip()
+    assert note.startswith("note: the config does not load (a reload keeps the running one): ")
+    assert "(and 1 more: edged check-config" in note
+    assert "Traceback" not in res.stderr
+    code, _ = daemon.stop()
+    assert code == 0
+
+
+@pytest.mark.integration
 def test_status_when_not_running_exits_2_with_a_message(tmp_path: Path) -> None:
     res = edged("status", "--socket", str(tmp_path / "none.sock"))
     assert res.returncode == 2
