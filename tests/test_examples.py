@@ -75,3 +75,20 @@ def test_the_examples_are_found() -> None:
     names = [name for name, _ in examples()]
     assert {"edged.pi.yaml", "edged.jetson.yaml", "edged.sensor.yaml", "edged.pi-libcamera.yaml"} <= set(names)
     assert any(name.startswith("README.md") for name in names)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "deploy").glob("*.yaml")), ids=lambda p: p.name)
+def test_check_config_on_an_example_as_shipped_passes_or_says_what_to_install(path: Path) -> None:
+    """From a fresh checkout: the examples that name the sample models where the installer puts them say so,
+    and what to set instead; nothing else may be wrong with them."""
+    checked = subprocess.run(
+        [sys.executable, "-m", "edged", "check-config", str(path)], capture_output=True, text=True, check=False
+    )
+    if checked.returncode == 0:
+        assert checked.stdout.startswith(f"{path}: OK")
+        return
+    problems = checked.stderr.strip().splitlines()
+    assert problems
+    for line in problems:
+        assert "edged's sample models, which deploy/install.sh copies there; or set model.path: " in line, line
+        assert (ASSETS / line.rsplit(": ", 1)[1].rsplit("/", 1)[1]).is_file()

@@ -4,6 +4,7 @@ postprocessors (postprocess.py, detect.py)."""
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 from typing import Literal
 
@@ -63,7 +64,7 @@ class ModelConfig(Strict):
         if not path.is_absolute() and base is not None:
             path = Path(base) / path
         if not path.exists():
-            raise ValueError(f"model file not found: {path}; check model.path")
+            raise ValueError(f"model file not found: {path}; {_missing_model_hint(path)}")
         if not path.is_file():
             raise ValueError(f"model path is not a file: {path}")
         return path
@@ -106,3 +107,12 @@ def _known_provider_names() -> set[str]:
     import onnxruntime as ort  # noqa: PLC0415  (heavy; only when a config is validated)
 
     return set(ort.get_all_providers())
+
+
+def _missing_model_hint(path: Path) -> str:
+    """What to do about a missing model file. The example configs name edged's sample models where the
+    installer puts them (/var/lib/edged/models); checked from a checkout, they are not there yet."""
+    bundled = Path(str(files("edged") / "assets" / path.name))
+    if path.suffix == ".onnx" and bundled.is_file():
+        return f"it is one of edged's sample models, which deploy/install.sh copies there; or set model.path: {bundled}"
+    return "check model.path"
