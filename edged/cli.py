@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--config", type=Path, help="find the socket through this config")
     where.add_argument("--socket", type=Path, help="the status socket")
     status.add_argument("--json", action="store_true", help="print the raw status JSON")
+    status.add_argument(
+        "--wide", action="store_true", help="print every line whole (default: cut at the terminal's width, 80 piped)"
+    )
     status.add_argument("--watch", action="store_true", help="refresh in place until Ctrl-C")
     status.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes with --watch")
 
@@ -338,7 +341,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911  (one return pe
 
             return prepare(load_config(args.config or default_config_path()))
         if args.command == "status":
-            return _status(args.config, args.socket, as_json=args.json, watch=args.watch, interval=args.interval)
+            return _status(
+                args.config, args.socket, as_json=args.json, wide=args.wide, watch=args.watch, interval=args.interval
+            )
         if args.command in TOOLS:
             from edged.tools.commands import run_tool  # noqa: PLC0415
 
@@ -383,7 +388,9 @@ def _run(path: Path, *, verbose: bool) -> int:
     return run_daemon(Daemon(config, config_path=path))
 
 
-def _status(config_path: Path | None, socket_path: Path | None, *, as_json: bool, watch: bool, interval: float) -> int:
+def _status(
+    config_path: Path | None, socket_path: Path | None, *, as_json: bool, wide: bool, watch: bool, interval: float
+) -> int:
     from edged.ops.status import exit_code, query  # noqa: PLC0415
     from edged.ops.statusview import render  # noqa: PLC0415
 
@@ -402,5 +409,5 @@ def _status(config_path: Path | None, socket_path: Path | None, *, as_json: bool
     if as_json:
         print(json.dumps(snapshot, indent=2))
     else:
-        render(snapshot, color=color)
+        render(snapshot, color=color, wide=wide)
     return exit_code(snapshot)

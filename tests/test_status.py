@@ -184,6 +184,76 @@ def test_exit_codes_and_table_render(capsys: pytest.CaptureFixture[str]) -> None
     assert "\x1b[" not in out  # no colour codes off a TTY
 
 
+def test_every_line_fits_80_columns_with_long_names_errors_and_notes(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    long_error = "cannot connect to broker.example.internal.corp:8883: [SSL: CERTIFICATE_VERIFY_FAILED] " * 2
+    snap: dict[str, Any] = {
+        "state": "degraded",
+        "version": "0.1.0",
+        "device_id": "pi-warehouse-north-loading-dock-07",
+        "uptime_s": 86400 * 30,
+        "reasons": [f"pipeline front-door-camera-long-name failed: {long_error}", f"broker down: {long_error}"],
+        "pipelines": [
+            {
+                "name": "front-door-camera-long-name",
+                "state": "reconnecting",
+                "fps": 29.97,
+                "frames": 123456789,
+                "dropped_frames": 1234567,
+                "reconnects": 12345,
+                "provider": "TensorrtExecutionProvider",
+                "latency_ms": {
+                    "p50": 123.4,
+                    "p95": 456.7,
+                    "p99": 1234.5,
+                    "stages": {k: {"p50": 100.1, "p95": 200.2, "p99": 300.3} for k in ("pre", "infer", "post")},
+                    "e2e": {"p50": 1000.1, "p95": 2000.2, "p99": 3000.3},
+                },
+                "source": "rtsp://admin@camera-front-door.example.internal:554/Streaming/Channels/101",
+                "model": {"name": "yolov8n-warehouse-pallets-2026-11", "sha256": "ab" * 32, "int8": True},
+                "error": long_error,
+                "malformed": 12,
+                "suppressed": 3456,
+                "motion_skipped": 123456,
+                "tracks": 12,
+                "events": 3456,
+                "events_per_min": 42,
+            }
+        ],
+        "spool": {
+            "depth": 1234567,
+            "bytes": 2**30,
+            "oldest_age_s": 86400 * 3,
+            "dropped_by_reason": {"expired": 1234, "full": 56789, "disk": 3},
+            "dead_letters": 12345,
+            "max_bytes": 2**33,
+            "disk_free_bytes": 2**40,
+            "uncertain": 7,
+            "space_warning": "the disk has less free space than the spool's max_bytes: " + long_error,
+        },
+        "mqtt": {
+            "enabled": True,
+            "connected": False,
+            "broker": "broker.example.internal.corp:8883",
+            "published": 123456789,
+            "published_per_s": 1234.5,
+            "last_error": long_error,
+        },
+        "reload": {"result": "rejected", "last": 1.0, "notes": [f"edged.yaml:12 model.path: {long_error}"]},
+        "control": {"accepted": 123, "refused": {"bad signature": 4, "replayed": 5}, "rollouts": {"applied": 3}},
+    }
+    monkeypatch.setenv("COLUMNS", "80")
+    render(snap, color=False)
+    lines = capsys.readouterr().out.splitlines()
+    too_wide = [line for line in lines if len(line) > 80]
+    assert not too_wide, "\n".join(too_wide)
+    assert any("p50/p95/p99" in line for line in lines)
+    assert any(line.startswith("front-door-") for line in lines)  # the table row, its name cut to fit
+    render(snap, color=False, wide=True)
+    assert long_error.strip() in capsys.readouterr().out  # --wide: whole
+
+
 @pytest.mark.integration
 def test_sd_notify_ready_only_after_warmup_and_every_thread_stops(tmp_path: Path, tiny_model: Path) -> None:
     # a datagram socket stands in for systemd's NOTIFY_SOCKET

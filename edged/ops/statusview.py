@@ -1,4 +1,9 @@
-"""`edged status` on a terminal: compact tables that fit 80 columns, colour only on a TTY, `--watch`."""
+"""`edged status` on a terminal: compact tables that fit the terminal (80 columns when piped, or $COLUMNS),
+colour only on a TTY, `--watch`.
+
+Every line is cut at the width with an ellipsis rather than wrapped mid-figure: the figures are laid out
+so that they fit 80 columns, and what can be long (names, sources, errors, reasons, reload notes) sits on
+a line of its own. `--wide` prints every line whole; `--json` has everything."""
 
 from __future__ import annotations
 
@@ -30,10 +35,28 @@ def _ms(lat: dict[str, Any]) -> str:
     return f"{lat.get('p50', 0):.1f}/{lat.get('p95', 0):.1f}/{lat.get('p99', 0):.1f}"
 
 
+def _line(*parts: str | tuple[str, str]) -> Text:
+    """One line (plain strings and (text, style) pairs: what the daemon reports is never read as markup), cut
+    at the console's width (unless --wide), never wrapped."""
+    return Text.assemble(*parts, overflow="ellipsis", no_wrap=True)
+
+
+def _packed(indent: str, segments: list[str], width: int = 80) -> list[Text]:
+    """Segments ("infer 1.2/3.4/5.6") joined by two spaces into as few lines of `width` as they fit, each
+    line after the first under the first's text."""
+    lines: list[str] = []
+    for seg in segments:
+        if lines and len(lines[-1]) + 2 + len(seg) <= width:
+            lines[-1] += f"  {seg}"
+        else:
+            lines.append(f"{indent if not lines else ' ' * len(indent)}{seg}")
+    return [_line(line) for line in lines]
+
+
 def _pipelines(snapshot: dict[str, Any]) -> list[Any]:
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("pipeline", "state", "fps", "frames", "drops", "reconn", "provider", "p50/p95/p99 ms"):
-        table.add_column(col)
+    for col in ("pipeline", "state", "fps", "frames", "drops", "reconn", "provider"):
+        table.add_column(col, no_wrap=True, overflow="ellipsis", max_width=16 if col == "pipeline" else None)
     lines: list[Any] = [table]
     for p in snapshot.get("pipelines", []):
         lat = p.get("latency_ms", {})
@@ -45,97 +68,103 @@ def _pipelines(snapshot: dict[str, Any]) -> list[Any]:
             str(p.get("dropped_frames", 0)),
             str(p.get("reconnects", 0)),
             (p.get("provider") or "-").replace("ExecutionProvider", ""),
-            _ms(lat),
         )
         model = p.get("model") or {}
-        stages = lat.get("stages") or {}
-        split = "  ".join(f"{k} {_ms(v)}" for k, v in stages.items())
         int8 = model.get("int8")
         precision = "" if int8 is None else (" int8" if int8 else " fp")
         sha = str(model.get("sha256"))[:12]
-        line = f"  {p.get('name')}: {p.get('source')}\n    model {model.get('name')} {sha}{precision}"
-        line += f"  {split}" if split else ""
+        lines.append(_line(f"  {p.get('name')}: {p.get('source')}"))
+        lines.append(_line(f"    model {sha}{precision} {model.get('name')}"))
+        figures = [f"all {_ms(lat)}"] + [f"{k} {_ms(v)}" for k, v in (lat.get("stages") or {}).items()]
         e2e = lat.get("e2e")
-        line += f"\n    capture->PUBACK {_ms(e2e)} ms" if e2e and e2e.get("p50") else ""
-        line += f"  malformed {p['malformed']}" if p.get("malformed") else ""  # sensor input it had to skip
-        line += f"  suppressed {p['suppressed']} (publish filter)" if p.get("suppressed") else ""
-        line += f"  no motion {p['motion_skipped']} (frames not run)" if p.get("motion_skipped") else ""
+        figures += [f"capture->PUBACK {_ms(e2e)}"] if e2e and e2e.get("p50") else []
+        lines += _packed("    p50/p95/p99 ms  ", figures)
+        counts = [f"malformed {p['malformed']}"] if p.get("malformed") else []  # sensor input it had to skip
+        counts += [f"suppressed {p['suppressed']} (publish filter)"] if p.get("suppressed") else []
+        counts += [f"no motion {p['motion_skipped']} (frames not run)"] if p.get("motion_skipped") else []
         if p.get("tracks") is not None:  # a tracking pipeline
-            line += f"\n    tracks {p['tracks']}  events {p.get('events', 0)} ({p.get('events_per_min', 0):.0f}/min)"
-        line += f"  [yellow]{p['error']}[/]" if p.get("error") else ""
-        lines.append(Text.from_markup(line))
+            counts += [f"tracks {p['tracks']}", f"events {p.get('events', 0)} ({p.get('events_per_min', 0):.0f}/min)"]
+        lines += _packed("    ", counts)
+        if p.get("error"):
+            lines.append(_line("    ", (str(p["error"]), "yellow")))
     return lines
 
 
 def _spool(spool: dict[str, Any]) -> list[Any]:
     reasons = spool.get("dropped_by_reason") or {}
     dropped = ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "0"
-    first = (
-        f"spool  depth {spool.get('depth', 0)}  {_mib(spool.get('bytes', 0))} of {_mib(spool.get('max_bytes'))}"
-        f"  oldest {spool.get('oldest_age_s', 0):.0f} s  disk free {_mib(spool.get('disk_free_bytes'))}"
-    )
-    second = f"       dropped {dropped}  dead letters {spool.get('dead_letters', 0)}"
+    lines = [
+        _line(
+            f"spool  depth {spool.get('depth', 0)}  {_mib(spool.get('bytes', 0))} of {_mib(spool.get('max_bytes'))}"
+            f"  oldest {spool.get('oldest_age_s', 0):.0f} s"
+        ),
+        _line(f"       disk free {_mib(spool.get('disk_free_bytes'))}  dead letters {spool.get('dead_letters', 0)}"),
+        _line(f"       dropped {dropped}"),
+    ]
     if spool.get("uncertain"):  # seqs skipped after unclean stops: sent before, lost, or never used
-        second += f"  uncertain {spool['uncertain']}"
+        lines.append(_line(f"       uncertain {spool['uncertain']} (seqs skipped after an unclean stop)"))
     if spool.get("recovered_from"):
-        second += f"  [red]damaged spool moved to {spool['recovered_from']}[/]"
+        lines.append(_line("       ", (f"damaged spool moved to {spool['recovered_from']}", "red")))
     if spool.get("error"):
-        second += f"  [red]{spool['error']}[/]"
+        lines.append(_line("       ", (str(spool["error"]), "red")))
     if spool.get("space_warning"):
-        second += f"  [yellow]{spool['space_warning']}[/]"
-    return [Text(first), Text.from_markup(second)]
+        lines.append(_line("       ", (str(spool["space_warning"]), "yellow")))
+    return lines
 
 
 def _mqtt(mqtt: dict[str, Any]) -> list[Any]:
     if not mqtt.get("enabled", True):
-        return [Text("mqtt   disabled (results stay in the spool)")]
-    conn = "[green]connected[/]" if mqtt.get("connected") else "[yellow]disconnected[/]"
-    line = (
-        f"mqtt   {conn} {mqtt.get('broker', '')}  published {mqtt.get('published', 0)}"
-        f" ({mqtt.get('published_per_s', 0):.1f}/s)  last {_age(mqtt.get('last_publish_ts'))}"
-    )
-    line += f"  [yellow]{mqtt['last_error']}[/]" if mqtt.get("last_error") else ""
-    return [Text.from_markup(line)]
+        return [_line("mqtt   disabled (results stay in the spool)")]
+    conn = ("connected", "green") if mqtt.get("connected") else ("disconnected", "yellow")
+    lines = [
+        _line("mqtt   ", conn, f" {mqtt.get('broker', '')}"),
+        _line(
+            f"       published {mqtt.get('published', 0)} ({mqtt.get('published_per_s', 0):.1f}/s)"
+            f"  last {_age(mqtt.get('last_publish_ts'))}"
+        ),
+    ]
+    if mqtt.get("last_error"):
+        lines.append(_line("       ", (str(mqtt["last_error"]), "yellow")))
+    return lines
 
 
 def build_view(snapshot: dict[str, Any]) -> Group:
     """Everything `edged status` shows, as one rich renderable."""
     state = snapshot.get("state", "?")
     style = {"running": "green", "degraded": "yellow"}.get(state, "red")
-    head = Text.from_markup(
-        f"edged [{style}]{state}[/]  device {snapshot.get('device_id')}  up {snapshot.get('uptime_s', 0):.0f} s"
-        f"  v{snapshot.get('version', '?')}"
+    head = _line(
+        "edged ",
+        (str(state), style),
+        f"  up {snapshot.get('uptime_s', 0):.0f} s  v{snapshot.get('version', '?')}",
+        f"  device {snapshot.get('device_id')}",
     )
-    if snapshot.get("reasons"):
-        head.append(Text.from_markup(f"\n[{style}]" + "; ".join(snapshot["reasons"]) + "[/]"))
+    lines: list[Any] = [head]
+    lines += [_line((str(reason), style)) for reason in snapshot.get("reasons") or []]
+    lines += [*_pipelines(snapshot), *_spool(snapshot.get("spool", {})), *_mqtt(snapshot.get("mqtt", {}))]
     reload = snapshot.get("reload") or {}
-    parts: list[Any] = [
-        head,
-        *_pipelines(snapshot),
-        *_spool(snapshot.get("spool", {})),
-        *_mqtt(snapshot.get("mqtt", {})),
-    ]
     if reload.get("result"):
-        parts.append(
-            Text(f"reload {reload['result']} {_age(reload.get('last'))}: " + "; ".join(reload.get("notes", [])))
-        )
+        lines.append(_line(f"reload {reload['result']} {_age(reload.get('last'))}"))
+        lines += [_line(f"       {note}") for note in reload.get("notes", [])]
     control = snapshot.get("control")
     if control:
         refused = ", ".join(f"{n} {why}" for why, n in sorted(control.get("refused", {}).items())) or "none"
         rollouts = control.get("rollouts") or {}
         rolled = ", ".join(f"{n} {what}" for what, n in rollouts.items() if n)
-        parts.append(Text(f"control: {control.get('accepted', 0)} commands taken; refused: {refused}"
-                          + (f"; rollouts: {rolled}" if rolled else "")))  # fmt: skip
-    return Group(*parts)
+        lines.append(_line(f"control {control.get('accepted', 0)} commands taken; refused: {refused}"))
+        if rolled:
+            lines.append(_line(f"        rollouts: {rolled}"))
+    return Group(*lines)
 
 
-def render(snapshot: dict[str, Any], *, color: bool | None = None) -> None:
-    """Print the snapshot once."""
-    Console(no_color=color is False, highlight=False, soft_wrap=True).print(build_view(snapshot))
+def render(snapshot: dict[str, Any], *, color: bool | None = None, wide: bool = False) -> None:
+    """Print the snapshot once: cut at the terminal's width ($COLUMNS; 80 when piped), or whole (`wide`)."""
+    width = 1 << 16 if wide else None  # None: rich takes $COLUMNS, the terminal's width, or 80
+    Console(no_color=color is False, highlight=False, width=width).print(build_view(snapshot))
 
 
 def watch(path: Path, interval: float, *, color: bool | None = None) -> int:
-    """Refresh in place until Ctrl-C; the exit code is the last state's (2 when the daemon went away)."""
+    """Refresh in place until Ctrl-C; the exit code is the last state's (2 when the daemon went away). Lines
+    are cut at the terminal's width: a wrapped line would leave the refresh's cursor arithmetic wrong."""
     console = Console(no_color=color is False, highlight=False)
     code = EXIT_NOT_RUNNING
     # A shell starts background jobs with SIGINT ignored and Python then leaves it ignored: take Ctrl-C back, and
