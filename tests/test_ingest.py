@@ -241,6 +241,21 @@ def test_report_says_which_device_lost_what_and_why(tmp_path: Path) -> None:
     assert "explained; device says: 4 expired" in text
 
 
+def test_the_report_fits_80_columns_with_whole_device_names(tmp_path: Path) -> None:
+    url = str(tmp_path / "r.db")
+    db = open_database(url)
+    device, pipeline = "newcomer-warehouse-north-dock-pi-0042", "front-door-camera"
+    rows = [ResultRow(device, pipeline, s, float(s), "{}") for s in range(1, 200, 3)]  # many gaps
+    db.write(rows, [])
+    db.close()
+    cmd = [sys.executable, "-m", "edged", "ingest", "--report", "--db", url]
+    text = subprocess.run(cmd, check=False, capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"}).stdout
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80, text
+    assert any(line.startswith(f"{device}: 132 LOST unexplained") for line in lines), text  # the name whole
+    assert any(line.startswith(f"  {pipeline}  results 67  seq 1..199  missing 132") for line in lines), text
+
+
 def test_a_real_daemon_lands_every_result(
     broker: Broker, tmp_path: Path, tiny_model: Path, start_daemon: StartDaemon, start_ingest: StartIngest
 ) -> None:

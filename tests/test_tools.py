@@ -258,11 +258,13 @@ def test_inspect_reports_dynamic_axes_and_opset(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_inspect_table_names_the_quantization(int8: Path) -> None:
+def test_inspect_table_names_the_quantization_in_80_columns(int8: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")  # piped output follows $COLUMNS (80 without it)
     proc = edged("inspect", int8)
     assert proc.returncode == 0, proc.stderr
     assert "QDQ, per-channel" in proc.stdout
     assert "edged.quantized_from" in proc.stdout
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 80, proc.stdout
 
 
 # -- bench --------------------------------------------------------------------------------------------------

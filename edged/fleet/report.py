@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from edged.fleet.ingestdb import Database, Gap, Stream
 
@@ -106,19 +106,17 @@ def _why(entry: dict[str, Any]) -> str:
 
 
 def render_report(report: dict[str, Any], console: Console) -> None:
-    """The report as a table, one row per device and pipeline."""
-    table = Table(title=f"{report['results']} results in {report['database']}", title_justify="left")
-    for name in ("device", "pipeline", "results", "seq", "missing", "gaps", "why"):
-        table.add_column(name, justify="right" if name in ("results", "missing") else "left")
+    """The report, one block per device (its name and verdict), one line per pipeline under it: names stay
+    whole whatever the width; the verdict and the gaps wrap at the console's width (80 when piped)."""
+    console.print(f"{report['results']} results in {report['database']}")
     for entry in report["devices"]:
-        why = _why(entry)
-        for p in entry["pipelines"] or [{"pipeline": "-", "results": 0, "first_seq": 0, "last_seq": 0,
-                                          "missing": 0, "gaps": []}]:  # fmt: skip
-            gaps = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in p["gaps"][:GAPS_SHOWN])
-            if len(p["gaps"]) > GAPS_SHOWN:
-                gaps += f" (+{len(p['gaps']) - GAPS_SHOWN} more)"
-            seq = f"{p['first_seq']}..{p['last_seq']}" if p["results"] else "-"
-            table.add_row(entry["device"], p["pipeline"], str(p["results"]), seq, str(p["missing"]), gaps, why)
-    console.print(table)
+        console.print(Text.assemble((entry["device"], "bold"), f": {_why(entry)}"))
+        for p in entry["pipelines"]:
+            seq = f"seq {p['first_seq']}..{p['last_seq']}" if p["results"] else "no results"
+            console.print(f"  {p['pipeline']}  results {p['results']}  {seq}  missing {p['missing']}")
+            if p["gaps"]:
+                gaps = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in p["gaps"][:GAPS_SHOWN])
+                more = f" (+{len(p['gaps']) - GAPS_SHOWN} more)" if len(p["gaps"]) > GAPS_SHOWN else ""
+                console.print(f"    gaps {gaps}{more}")
     lost = report["unexplained"]
     console.print(f"{lost} result(s) lost without a reason" if lost else "no result lost without a reason")

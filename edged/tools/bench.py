@@ -186,9 +186,12 @@ def render_bench(report: dict[str, Any]) -> None:
         f"{m['platform']}, {m['cores']} core(s), onnxruntime {m['onnxruntime']}; "
         f"{report['warmup']} warm-up + {report['runs']} timed runs each"
     )
-    table = Table(header_style="bold")
+    # no box and whole figures: 80 columns hold the figures, and a long model name folds onto a second line
+    table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("model", "size", "provider", "threads", "p50 ms", "p95 ms", "p99 ms", "frames/s"):
-        table.add_column(col, justify="left" if col in ("model", "provider") else "right")
+        table.add_column(
+            col, justify="left" if col in ("model", "provider") else "right", no_wrap=col != "model", overflow="fold"
+        )
     for r in report["results"]:
         table.add_row(
             r["model"],
@@ -202,9 +205,15 @@ def render_bench(report: dict[str, Any]) -> None:
         )
     console.print(table)
     if report["comparison"]:
-        side = Table(title="side by side (vs the first model)", title_justify="left", header_style="bold")
+        side = Table(
+            title="side by side (vs the first model)",
+            title_justify="left",
+            header_style="bold",
+            box=None,
+            pad_edge=False,
+        )
         for col in ("model", "vs", "provider", "threads", "p50 speed-up", "throughput", "size"):
-            side.add_column(col)
+            side.add_column(col, no_wrap=col not in ("model", "vs"), overflow="fold")
         for c in report["comparison"]:
             side.add_row(
                 c["model"],

@@ -48,10 +48,11 @@ def require_onnx() -> ModuleType:
 
 
 def stdout_console() -> Console:
-    """Console for reports (stdout); plain text when piped."""
+    """Console for reports (stdout); plain text when piped. Its width is $COLUMNS when set, else the
+    terminal's, else 80 (rich's rule): the tables are laid out to fit 80 columns."""
     from rich.console import Console  # noqa: PLC0415
 
-    return Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+    return Console(highlight=False, soft_wrap=False)
 
 
 def stderr_console() -> Console:

@@ -183,6 +183,8 @@ def render_inspect(report: dict[str, Any]) -> None:
     quant = "no (fp32)" if not q["quantized"] else f"{q['format']}, {q['granularity']}, {dict(q['types']) or ''}"
     ort_info = report["onnxruntime"]
     summary = Table(box=None, show_header=False, pad_edge=False)
+    summary.add_column(no_wrap=True)
+    summary.add_column(overflow="fold")  # a path or a sha256 folds at the width rather than losing its end
     for key, value in (
         ("model", report["path"]),
         ("size", f"{human_bytes(report['size_bytes'])} ({report['size_bytes']} bytes)"),
@@ -203,7 +205,7 @@ def render_inspect(report: dict[str, Any]) -> None:
     console.print(summary)
     io = Table(title="inputs and outputs (? = dynamic axis)", title_justify="left", header_style="bold")
     for col in ("", "name", "dtype", "shape"):
-        io.add_column(col)
+        io.add_column(col, no_wrap=col != "name", overflow="fold")  # a long tensor name folds; the rest stays whole
     for kind in ("inputs", "outputs"):
         for v in report[kind]:
             dims = ", ".join(str(d) if isinstance(d, int) else f"?{d or ''}" for d in v["shape"])

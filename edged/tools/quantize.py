@@ -646,9 +646,11 @@ def render_search(search: dict[str, Any]) -> None:
         f"{search['held_out_frames']} held-out frames; {search['seconds']} s)",
         title_justify="left",
         header_style="bold",
+        box=None,
+        pad_edge=False,
     )
     for col in ("recipe", "int8 ms", "speed-up", "agreement", "verdict"):
-        table.add_column(col, justify="left" if col in ("recipe", "verdict") else "right")
+        table.add_column(col, justify="left" if col in ("recipe", "verdict") else "right", overflow="fold")
     for row in search["table"]:
         if row["int8_ms"] is None:
             table.add_row(row["recipe"], "-", "-", "-", "not applicable")
