@@ -144,7 +144,13 @@ def _fleet_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     fsub = f.add_subparsers(dest="fleet_command", required=True)
     keygen = fsub.add_parser("keygen", help="write a new Ed25519 signing key; print the config line for devices")
     keygen.add_argument("key", type=Path, help="the private key file to write (mode 0600, never overwritten)")
-    send = fsub.add_parser("send", help="send one signed command; print the devices' answers")
+    send = fsub.add_parser(
+        "send",
+        help="send one signed command; print the devices' answers",
+        description="Send one signed command and print the devices' answers as JSON. Exit 0: every device "
+        "expected answered ok; 1: one answered not ok (its reason is in the JSON, e.g. busy); 3: one expected did "
+        "not answer within --wait (a line on stderr says which).",
+    )
     send.add_argument("cmd", choices=["status", "reload", "config", "record", "model"])
     to = send.add_mutually_exclusive_group(required=True)
     to.add_argument("--device", help="one device id")

@@ -62,6 +62,24 @@ def test_record_saves_the_frames_the_model_sees(rig: Rig) -> None:
     assert saved.shape == (5, 48, 64, 3)
 
 
+def test_while_a_recording_runs_status_is_answered_and_other_commands_are_busy(rig: Rig) -> None:
+    daemon, cfg, _ = control_daemon(rig)
+    dev = cfg["device_id"]
+    recording = rig.fleet.send(new_command("record", dev, {"frames": 20, "every": 10}))  # 200 frames at 20 fps: 10 s
+    status = ask(rig.fleet, "status", dev)[dev]
+    assert status["ok"] is True  # at once, not behind the recording ...
+    assert not recording.by_device  # ... which is still running
+    reload = ask(rig.fleet, "reload", dev)[dev]
+    assert (reload["ok"], reload["reason"]) == (False, "busy")
+    assert reload["detail"].startswith("busy with record (id ")
+    recorded = rig.fleet.wait(recording, expect=1, timeout=60)[dev]
+    assert recorded["ok"] is True, recorded
+    assert recorded["detail"]["frames"] == 20
+    # aftermath: the next command runs, and the refusal was counted
+    assert ask(rig.fleet, "reload", dev)[dev]["detail"]["result"] == "applied"
+    assert daemon.status()["control"]["refused"]["busy"] == 1  # type: ignore[index]
+
+
 def test_a_group_command_reaches_every_member(rig: Rig) -> None:
     group = f"lobby{rig.tmp_path.name[-6:]}"
     devices = [control_daemon(rig, name, (group,))[1]
@@ -138,3 +156,9 @@ def test_key_setup_and_send_from_the_command_line(rig: Rig) -> None:
                           check=False, capture_output=True, text=True)  # fmt: skip
     assert sent.returncode == 0, sent.stderr
     assert json.loads(sent.stdout)[dev]["ok"] is True
+    nobody = subprocess.run([sys.executable, "-m", "edged", "fleet", "send", "status", "--device", "nobody", "--key",
+                             str(key), "--wait", "0.5", "--host", rig.broker.host, "--port", str(rig.broker.port)],
+                            check=False, capture_output=True, text=True)  # fmt: skip
+    assert nobody.returncode == 3  # its own code: nobody answered in time
+    assert json.loads(nobody.stdout) == {}
+    assert nobody.stderr.startswith("edged fleet: device nobody did not answer within 0.5 s (is it online")

@@ -80,6 +80,9 @@ def _run(opts: IngestOptions, db: Database) -> int:
     return 0 if ingest.writer.death is None else 1
 
 
+EXIT_UNANSWERED = 3  # `fleet send`: a device that was expected did not answer within --wait
+
+
 def run_fleet_command(args: argparse.Namespace) -> int:
     """`edged fleet keygen|send|rollout`."""
     if args.fleet_command == "keygen":
@@ -101,8 +104,31 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     finally:
         fleet.close()
     sys.stdout.write(json.dumps(answers, indent=2, default=str) + "\n")
-    ok = bool(answers) and all(a.get("ok") for a in answers.values())
-    return 0 if ok and len(answers) >= min(expect, len(answers) or 1) else 1
+    short = _unanswered(args, answers, expect)
+    if short:
+        sys.stderr.write(f"edged fleet: {short}\n")
+        return EXIT_UNANSWERED
+    return 0 if all(a.get("ok") for a in answers.values()) else 1
+
+
+def _unanswered(args: argparse.Namespace, answers: dict[str, Any], expect: int) -> str | None:
+    """What did not answer within --wait, in one line; None when every device expected did (a group without
+    --expect: at least one)."""
+    wanted = expect if args.device or args.expect else 1
+    if len(answers) >= wanted:
+        return None
+    if args.device:
+        who = f"device {args.device}"
+    elif args.expect:
+        who = f"{wanted - len(answers)} of {wanted} device(s) in group {args.group}"
+    else:
+        who = f"no device in group {args.group}"
+    hint = (
+        "a recording takes frames x every / fps seconds: give --wait more"
+        if args.cmd == "record"
+        else "is it online, with control: on and your public key in control.public_keys?"
+    )
+    return f"{who} did not answer within {args.wait:g} s ({hint})"
 
 
 def _json_object(text: str | None, flag: str) -> dict[str, Any]:

@@ -1,9 +1,13 @@
 """The control plane on the device: signed commands in, results and events out, the retained state.
 
-    paho's thread ──deliver()──▶ (bounded queue) ──▶ edged-control thread: gate ─▶ handler ─▶ reply + event
+    paho's thread ──deliver()──▶ (bounded queue) ──▶ edged-control thread: gate ─▶ status: answered at once
+                                                                              └─▶ others: edged-control-job
 
-Commands run one at a time on the `edged-control` thread, so a slow one (a reload with a model build,
-a recording) never holds up MQTT or the pipelines. Each one is answered: on the MQTT 5 response topic
+The `edged-control` thread checks every command (signature, replay, arguments) as it comes. `status`
+is answered there and then; every other command runs on the `edged-control-job` thread, one at a time,
+so a slow one (a reload with a model build, a recording, a rollout) never holds up MQTT, the pipelines
+or a `status`. A command that comes while a job runs is answered `busy` at once, naming what runs and
+for how long, instead of waiting behind it. Each one is answered: on the MQTT 5 response topic
 when the command named one (with its correlation data), and always as an event on
 `edged/{device_id}/events`. The reported state (`edged/{device_id}/state`, retained) goes on every
 connect, after every command and whenever health changes.
@@ -98,6 +102,9 @@ class Controller(Supervised):
         self._queue: queue.Queue[tuple[str, bytes, str | None, bytes | None] | None] = queue.Queue(QUEUE_MAX)
         self._lock = threading.Lock()
         self._busy = 0
+        self._job: Supervised | None = None  # the command running on edged-control-job, if any
+        self._job_what = ""
+        self._job_since = 0.0
         self._last_state: str | None = None
         self._started_sent = False
         self._listening = False  # the broker granted the command subscriptions on the current connection
@@ -150,15 +157,19 @@ class Controller(Supervised):
 
     def stop(self, timeout: float) -> None:
         """Finish the command in progress (within `timeout`; a rollout's watch ends early), then end."""
+        deadline = time.monotonic() + timeout
         self._stopping.set()
         self._queue.put(None)
         if self.is_alive():
             self.join(timeout)
+        job = self._job
+        if job is not None and job.is_alive():
+            job.join(max(0.0, deadline - time.monotonic()))
 
-    # -- the thread --------------------------------------------------------------------------------------
+    # -- the threads -------------------------------------------------------------------------------------
 
     def body(self) -> None:
-        """One command at a time, until stopped."""
+        """Check each command as it comes, until stopped."""
         while True:
             item = self._queue.get()  # asleep until a command comes
             if item is None:
@@ -174,6 +185,40 @@ class Controller(Supervised):
         except CommandError as exc:
             self._answer(None, response_topic, correlation, ok=False, reason=exc.reason, detail=str(exc))
             return
+        if command.name == "status":  # read-only and quick: answered even while a job runs
+            self._run(command, topic, response_topic, correlation, started)
+            return
+        busy = self._start_job(command, topic, response_topic, correlation, started)
+        if busy is not None:
+            log.info("control: %s refused: %s", command.name, busy)
+            self._answer(command, response_topic, correlation, ok=False, reason="busy", detail=busy)
+
+    def _start_job(
+        self, command: Command, topic: str, response_topic: str | None, correlation: bytes | None, started: float
+    ) -> str | None:
+        """Start the command on a new edged-control-job thread; or, while one runs, say what runs (and the
+        command is not started)."""
+        with self._lock:
+            job = self._job
+            if job is not None and job.is_alive():
+                self._busy += 1
+                took = started - self._job_since
+                return f"busy with {self._job_what} for {took:.0f} s; send it again once that is answered"
+            self._job_what, self._job_since = f"{command.name} (id {command.id})", started
+            job = self._job = Supervised(
+                "edged-control-job",
+                target=lambda: self._run(command, topic, response_topic, correlation, started),
+                on_death=lambda why: self._answer(
+                    command, response_topic, correlation, ok=False, reason="failed", detail=f"internal error: {why}"
+                ),
+            )
+        job.start()
+        return None
+
+    def _run(
+        self, command: Command, topic: str, response_topic: str | None, correlation: bytes | None, started: float
+    ) -> None:
+        """Run an admitted command and answer it."""
         _, handler = self._handlers[command.name]
         try:
             ok, detail = handler(self._parse_args(command.name, command.args))
