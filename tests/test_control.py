@@ -80,6 +80,19 @@ def test_while_a_recording_runs_status_is_answered_and_other_commands_are_busy(r
     assert daemon.status()["control"]["refused"]["busy"] == 1  # type: ignore[index]
 
 
+def test_a_stop_during_a_long_recording_ends_it_and_answers_first(rig: Rig) -> None:
+    daemon, cfg, _ = control_daemon(rig)
+    dev = cfg["device_id"]
+    args = {"frames": 50, "every": 100, "timeout_s": 600}  # 5,000 frames at 20 fps: over four minutes
+    recording = rig.fleet.send(new_command("record", dev, args))
+    assert ask(rig.fleet, "reload", dev)[dev]["reason"] == "busy"  # the recording runs
+    code, err = daemon.stop()  # within the harness's stop timeout, not after the recording's 600 s
+    assert code == 0, err
+    answer = rig.fleet.wait(recording, expect=1, timeout=30)[dev]  # answered before the daemon went
+    assert answer["ok"] is True, answer
+    assert answer["detail"]["complete"] is False
+
+
 def test_a_group_command_reaches_every_member(rig: Rig) -> None:
     group = f"lobby{rig.tmp_path.name[-6:]}"
     devices = [control_daemon(rig, name, (group,))[1]

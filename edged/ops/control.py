@@ -33,7 +33,7 @@ from edged.ops.modelfetch import MQTT_PREFIX, ChunkCollector, write_chunks
 from edged.ops.remoteconfig import apply_remote_config
 from edged.ops.rollout import Rollout, RolloutTarget
 from edged.ops.rolloutspec import ModelArgs
-from edged.pipeline.frametap import save_frames
+from edged.pipeline.frametap import FrameTap, save_frames
 from edged.uplink.commandgate import Command, CommandGate
 from edged.uplink.controlsettings import ControlConfig
 from edged.uplink.mqttclient import topic_for
@@ -105,6 +105,7 @@ class Controller(Supervised):
         self._job: Supervised | None = None  # the command running on edged-control-job, if any
         self._job_what = ""
         self._job_since = 0.0
+        self._tap: FrameTap | None = None  # the one a `record` waits on: a stop ends the recording early
         self._last_state: str | None = None
         self._started_sent = False
         self._listening = False  # the broker granted the command subscriptions on the current connection
@@ -159,6 +160,9 @@ class Controller(Supervised):
         """Finish the command in progress (within `timeout`; a rollout's watch ends early), then end."""
         deadline = time.monotonic() + timeout
         self._stopping.set()
+        tap = self._tap
+        if tap is not None:
+            tap.cancel()
         self._queue.put(None)
         if self.is_alive():
             self.join(timeout)
@@ -330,7 +334,13 @@ class Controller(Supervised):
 
     def _record(self, args: RecordArgs) -> tuple[bool, Any]:
         name, tap = self.target.frame_tap(args.pipeline)
-        frames = tap.record(args.frames, args.every, args.timeout_s, name)
+        self._tap = tap
+        try:
+            if self._stopping.is_set():
+                raise CommandError("failed", "the daemon is stopping")
+            frames = tap.record(args.frames, args.every, args.timeout_s, name)
+        finally:
+            self._tap = None
         folder = self.state_dir / "records"
         folder.mkdir(mode=0o750, exist_ok=True)
         path = save_frames(folder / f"{name}-{time.strftime('%Y%m%dT%H%M%S')}.npz", frames)

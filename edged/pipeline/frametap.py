@@ -58,6 +58,10 @@ class FrameTap:
                 self._want = 0
                 self._done.set()
 
+    def cancel(self) -> None:
+        """End a recording in progress now (the daemon stops): the waiter returns what it has."""
+        self._done.set()
+
     def wait(self, timeout: float) -> list[npt.NDArray[np.uint8]]:
         """The frames kept once the recording is complete, or what it has after `timeout` (then disarmed)."""
         self._done.wait(timeout)
