@@ -11,6 +11,7 @@ import pytest
 
 from edged.config import find_status_socket, load_config
 from edged.core.errors import ConfigError
+from edged.ops.remoteconfig import apply_remote_config
 
 
 def write(tmp_path: Path, body: str, model: Path) -> Path:
@@ -158,3 +159,25 @@ def test_the_status_socket_is_found_in_a_config_that_does_not_load(tmp_path: Pat
     assert find_status_socket(path)[0] == Path("/run/edged/s.sock")
     path.write_text("{{{ not yaml", encoding="utf-8")  # nothing usable: the packaged default
     assert find_status_socket(path)[0] == Path("/var/lib/edged/status.sock")
+
+
+def test_a_remote_config_change_keeps_the_operators_comments_and_layout(tmp_path: Path, tiny_model: Path) -> None:
+    body = """\
+    # kitchen Pi: the operator's notes stay
+    device_id: pi-kitchen-01
+    state_dir: state      # relative to this file
+    log_level: info
+    pipelines:
+      - name: cam0
+        source: {{type: camera, uri: /dev/video0, fps: 5}}   # the USB camera
+        model: {{path: {model}}}
+    """
+    path = write(tmp_path, body, tiny_model)
+    before = path.read_text(encoding="utf-8")
+    apply_remote_config(path, {"log_level": "debug", "pipelines": [{"name": "cam0", "source": {"fps": 10}}]},
+                        replace=False)  # fmt: skip
+    after = path.read_text(encoding="utf-8")
+    # only the two values changed; the comment after the longer one keeps its column
+    assert after == before.replace("log_level: info", "log_level: debug").replace("fps: 5}   #", "fps: 10}  #")
+    assert load_config(path).pipelines[0].source.model_dump()["fps"] == 10
+    assert path.with_name("edged.yaml.prev").read_text(encoding="utf-8") == before

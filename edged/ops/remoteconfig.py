@@ -4,17 +4,24 @@ A partial config is merged into the file's current YAML: mappings key by key, `p
 matched by `name` (a new name is added), any other list replaced whole. `replace: true` takes the given
 config as the whole file. The result is written beside the file and loaded with the same loader
 `check-config` uses; only when it is valid does it replace the file (the old one kept as `<file>.prev`).
-Nothing changes on the device when it is not. Comments in the file are not kept (YAML is rewritten).
+Nothing changes on the device when it is not.
+
+The merge edits the operator's file in place through ruamel.yaml's round-trip loader: comments, key order,
+flow or block style and quoting stay as they were, and only the keys the command sets change. With
+`replace: true` the file is the given config (in block style): nothing of the old file is kept but `.prev`.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import yaml
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
+from ruamel.yaml.util import load_yaml_guess_indent
 
 from edged.config import load_config
 from edged.core.durable import commit, write_atomic
@@ -22,38 +29,49 @@ from edged.core.errors import CommandError, ConfigError
 
 
 def merge(base: Any, patch: Any) -> Any:
-    """`patch` merged into `base` (see the module docstring)."""
+    """`patch` merged into `base` (see the module docstring); mappings are changed in place, so that a
+    round-trip mapping keeps its comments and layout."""
     if isinstance(base, dict) and isinstance(patch, dict):
-        out = dict(base)
         for key, value in patch.items():
             if key == "pipelines" and isinstance(value, list) and isinstance(base.get(key), list):
-                out[key] = _merge_named(base[key], value)
+                _merge_named(base[key], value)
             else:
-                out[key] = merge(base.get(key), value) if key in base else value
-        return out
+                base[key] = merge(base[key], value) if key in base else value
+        return base
     return patch
 
 
-def _merge_named(base: list[Any], patch: list[Any]) -> list[Any]:
-    out = list(base)
-    index = {item.get("name"): i for i, item in enumerate(out) if isinstance(item, dict)}
+def _merge_named(base: list[Any], patch: list[Any]) -> None:
+    index = {item.get("name"): i for i, item in enumerate(base) if isinstance(item, dict)}
     for item in patch:
         name = item.get("name") if isinstance(item, dict) else None
         if name in index:
-            out[index[name]] = merge(out[index[name]], item)
+            base[index[name]] = merge(base[index[name]], item)
         else:
-            out.append(item)
-    return out
+            base.append(item)
+
+
+def _load(text: str) -> tuple[Any, YAML]:
+    """The file's YAML (round-trip: comments, order and style survive a load and dump) and a dumper with
+    the file's own indentation (guessed from its text: `  - name` lists stay indented)."""
+    data, indent, dash = load_yaml_guess_indent(text)
+    rt = YAML()
+    rt.preserve_quotes = True
+    rt.width = 4096  # never re-wrap the operator's long lines
+    rt.indent(mapping=indent or 2, sequence=indent or 2, offset=dash or 0)
+    return data, rt
 
 
 def apply_remote_config(path: Path, patch: dict[str, Any], *, replace: bool) -> None:
     """Validate and write; CommandError `invalid_config` (with every problem) or `failed`."""
     try:
-        current = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
+        current, rt = _load(path.read_text(encoding="utf-8"))
+    except (OSError, YAMLError) as exc:
         raise CommandError("failed", f"cannot read {path}: {exc}") from exc
-    new = patch if replace else merge(current, patch)
-    text = yaml.safe_dump(new, sort_keys=False)
+    new = patch if replace else merge(current or {}, patch)
+    buffer = io.StringIO()
+    rt.dump(new, buffer)
+    text = buffer.getvalue()
     try:
         fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".remote")
     except OSError as exc:
