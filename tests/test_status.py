@@ -14,7 +14,9 @@ import pytest
 from conftest import base_config, make_video, wait_for
 
 from edged.config import config_from_dict
+from edged.core import stats as stats_module
 from edged.core.errors import StatusError
+from edged.core.stats import MqttStats
 from edged.daemon import Daemon
 from edged.ops.status import StatusServer, exit_code, query
 from edged.ops.statusview import render
@@ -278,3 +280,32 @@ def test_sd_notify_ready_only_after_warmup_and_every_thread_stops(tmp_path: Path
         del os.environ["NOTIFY_SOCKET"]
         sock.close()
     assert not [t.name for t in threading.enumerate() if t.name.startswith("edged-")]
+
+
+class _Clock:
+    """A clock the test moves (the rate is about seconds; the test should not take them)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return 1.7e9 + self.now
+
+
+def test_the_published_rate_reflects_the_last_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(stats_module, "time", clock)
+    stats = MqttStats(connected=True, connected_mono=clock.now)
+    for _ in range(30):  # 6 s at 5 results/s, just after connecting
+        clock.now += 0.2
+        stats.count_published(1)
+    assert stats.snapshot()["published_per_s"] == 5.0  # not 30 / 10 s = 3.0
+    for _ in range(100 * 20):  # 20 s at 100/s: over the old 256-entry cap, and over the whole window
+        clock.now += 0.01
+        stats.count_published(1)
+    assert stats.snapshot()["published_per_s"] == pytest.approx(100.0, abs=0.2)
+    clock.now += 4.0  # idle for 4 s: 6 s of the 10 s window still hold results
+    assert stats.snapshot()["published_per_s"] == pytest.approx(60.0, abs=0.2)

@@ -13,6 +13,7 @@ import numpy as np
 from edged.core.histogram import Histogram
 
 WINDOW = 512  # latency samples kept per stage
+RATE_WINDOW_S = 10.0  # `published_per_s` is over the last this many seconds (or since the connection came up)
 
 
 def percentiles(values: deque[float]) -> dict[str, float]:
@@ -207,7 +208,7 @@ class MqttStats:
     broker_problems: list[str] = field(default_factory=list)  # what that broker cannot do that edged needs
     protocol: str = ""  # the MQTT version of the last connection (3.1.1 when a broker refused 5)
     suspicion: tuple[float, str] | None = None  # (monotonic, what): a pattern of drops, e.g. a session takeover
-    _acks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=256), repr=False)
+    _acks: deque[tuple[float, int]] = field(default_factory=deque, repr=False)  # (when, n) of the last RATE_WINDOW_S
     _e2e: dict[str, deque[float]] = field(default_factory=dict, repr=False)  # capture -> PUBACK, ms
     _e2e_hist: dict[str, Histogram] = field(default_factory=dict, repr=False)  # the same, seconds (for /metrics)
 
@@ -220,6 +221,8 @@ class MqttStats:
             self.last_publish_ts = wall
             self.last_ack_mono = now
             self._acks.append((now, n))
+            while self._acks[0][0] < now - RATE_WINDOW_S:  # bounded by time, not count: any rate is counted whole
+                self._acks.popleft()
             for pipeline, ms in e2e or ():
                 window = self._e2e.get(pipeline)
                 if window is None:
@@ -245,10 +248,14 @@ class MqttStats:
             since = max(self.connected_mono, self.last_ack_mono or 0.0)
             return time.monotonic() - since
 
-    def rate(self, window_s: float = 10.0) -> float:
-        """Acknowledged results per second over the last `window_s` (call with the lock held)."""
-        since = time.monotonic() - window_s
-        return round(sum(n for t, n in self._acks if t >= since) / window_s, 2)
+    def rate(self) -> float:
+        """Acknowledged results per second over the last RATE_WINDOW_S, or over the time since the connection
+        came up when that is shorter (at least 1 s): 6 s into a connection at 5/s it says 5/s, not 3/s
+        (call with the lock held)."""
+        now = time.monotonic()
+        up = now - self.connected_mono if self.connected and self.connected_mono is not None else RATE_WINDOW_S
+        span = min(RATE_WINDOW_S, max(1.0, up))
+        return round(sum(n for t, n in self._acks if t >= now - span) / span, 2)
 
     def snapshot(self) -> dict[str, Any]:
         """The `mqtt` entry of the status JSON."""
