@@ -181,3 +181,25 @@ def test_a_remote_config_change_keeps_the_operators_comments_and_layout(tmp_path
     assert after == before.replace("log_level: info", "log_level: debug").replace("fps: 5}   #", "fps: 10}  #")
     assert load_config(path).pipelines[0].source.model_dump()["fps"] == 10
     assert path.with_name("edged.yaml.prev").read_text(encoding="utf-8") == before
+
+
+@pytest.mark.parametrize(
+    ("uri", "refused"),
+    [
+        ("cam.avi", True),
+        ("/dev/video7", False),
+        ("/dev/v4l/by-id/usb-cam-index0", False),
+        ("rtsp://cam.local/s", False),
+    ],
+)
+def test_a_missing_video_file_is_refused_but_an_absent_camera_or_stream_waits(
+    tmp_path: Path, tiny_model: Path, uri: str, refused: bool
+) -> None:
+    path = write(tmp_path, GOOD.replace("/dev/video0", uri), tiny_model)
+    if not refused:
+        assert load_config(path).pipelines[0].source.model_dump()["uri"] == uri
+        return
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    (problem,) = err.value.problems
+    assert problem.startswith(f"{path}:5 pipelines[0].source.uri=cam.avi: video file not found: {tmp_path}/cam.avi")

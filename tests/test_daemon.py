@@ -209,14 +209,17 @@ def test_vanished_camera_degrades_and_recovers_in_the_daemon(
     tmp_path: Path, start_daemon: StartDaemon, live_setup: tuple[Path, Path]
 ) -> None:
     model, _ = live_setup
-    missing = tmp_path / "cam.avi"
-    config = write_config(tmp_path / "edged.yaml", base_config(tmp_path, model, str(missing), stop_at_end=False))
+    cam = make_video(tmp_path / "cam.avi", 10)  # read, reopened at its end, read again ...
+    config = write_config(tmp_path / "edged.yaml", base_config(tmp_path, model, str(cam), stop_at_end=False))
     daemon = start_daemon(config)
+    wait_for(lambda: (s := daemon.status()) and s["pipelines"][0]["frames"] >= 10, 30, "frames")
+    cam.unlink()  # ... until it vanishes
     snap = wait_for(lambda: (s := daemon.status()) and s["pipelines"][0]["reconnects"] >= 2 and s, 30, "reconnects")
     assert snap["pipelines"][0]["state"] == "reconnecting"
     assert snap["state"] == "degraded"
-    make_video(missing, 10)
-    wait_for(lambda: (s := daemon.status()) and s["pipelines"][0]["frames"] >= 10, 30, "frames after recovery")
+    before = snap["pipelines"][0]["frames"]
+    make_video(cam, 10)
+    wait_for(lambda: (s := daemon.status()) and s["pipelines"][0]["frames"] >= before + 10, 30, "frames after recovery")
     code, _ = daemon.stop()
     assert code == 0
 

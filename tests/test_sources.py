@@ -96,9 +96,11 @@ def test_loop_restarts_the_file(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_vanished_path_reconnects_with_backoff_and_stops_cleanly(tmp_path: Path) -> None:
-    missing = tmp_path / "gone.mp4"
+    missing = make_video(tmp_path / "gone.mp4", 4)
+    cfg = camera(str(missing))  # there when the config was checked (a missing file is refused there) ...
+    missing.unlink()  # ... and gone when the source opens it
     slot, stats = FrameSlot(), PipelineStats("p", str(missing))
-    src = CameraSource(camera(str(missing)), slot=slot, stats=stats, name="edged-source-test")
+    src = CameraSource(cfg, slot=slot, stats=stats, name="edged-source-test")
     src.start()
     wait_for(lambda: stats.reconnects >= 3, 10, "three reconnect attempts")
     assert stats.state == "reconnecting"

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import cv2
 import numpy as np
 import numpy.typing as npt
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from edged.capture import rtsp
 from edged.capture.base import SOURCES, Frame, FrameSlot, Preparer, Source
@@ -67,6 +67,24 @@ class CameraSourceConfig(Strict):
         description="A video file that ends stops this pipeline instead of being reopened "
         "(used by `edged demo` and batch jobs).",
     )
+
+    @field_validator("uri")
+    @classmethod
+    def _video_file_exists(cls, value: str | int, info: ValidationInfo) -> str | int:
+        """A video file that is not there is a typo: refused at check-config. A camera device (anything
+        under /dev) or a stream that is absent is merely unplugged or down: the pipeline waits for it."""
+        if isinstance(value, int) or source_kind(value) != "file" or value.startswith("/dev/"):
+            return value
+        path = Path(value).expanduser()
+        base = (info.context or {}).get("base_dir")
+        if not path.is_absolute() and base is not None:
+            path = Path(base) / path  # relative to the config file, as model.path is
+        if not path.is_file():
+            raise ValueError(
+                f"video file not found: {path}; a camera is /dev/videoN or its index, a stream rtsp://... "
+                "(those may be absent at start: the pipeline waits for them)"
+            )
+        return str(path)
 
     @model_validator(mode="after")
     def _backoff_order(self) -> CameraSourceConfig:
