@@ -67,16 +67,28 @@ case "$platform" in pi|jetson|generic) ;; *) die "--platform must be pi, jetson 
 systemd_live() { [ -z "$prefix" ] && command -v systemctl >/dev/null && [ -d /run/systemd/system ]; }
 
 ensure_user() {
-  local root_args=()
-  [ -n "$prefix" ] && root_args=(--prefix "$prefix")
-  if ! getent group edged >/dev/null 2>&1 && ! grep -q '^edged:' "$prefix/etc/group" 2>/dev/null; then
-    groupadd "${root_args[@]}" --system edged
-    say "created group edged"
+  local useradd_args=(--system --gid edged --home-dir /var/lib/edged --no-create-home --shell /usr/sbin/nologin
+                      --comment "edged inference daemon")
+  if [ -z "$prefix" ]; then
+    getent group edged >/dev/null 2>&1 || { groupadd --system edged; say "created group edged"; }
+    if ! id edged >/dev/null 2>&1; then
+      useradd "${useradd_args[@]}" --groups video edged
+      say "created user edged (groups: edged, video)"
+    fi
+    return
   fi
-  if ! id edged >/dev/null 2>&1 && ! grep -q '^edged:' "$prefix/etc/passwd" 2>/dev/null; then
-    useradd "${root_args[@]}" --system --gid edged --groups video --home-dir /var/lib/edged \
-      --no-create-home --shell /usr/sbin/nologin --comment "edged inference daemon" edged
-    say "created user edged (groups: edged, video)"
+  # a staging root: only its own user database counts, never this machine's
+  if [ ! -e "$prefix/etc/passwd" ] || [ ! -e "$prefix/etc/group" ]; then
+    say "no user database in $prefix/etc (an empty staging root): the edged user is not created there;" \
+        "create it on the target: groupadd --system edged && useradd ${useradd_args[*]:0:8} --groups video edged"
+    return
+  fi
+  grep -q '^edged:' "$prefix/etc/group" || { groupadd --prefix "$prefix" --system edged; say "created group edged"; }
+  if ! grep -q '^edged:' "$prefix/etc/passwd"; then
+    local groups=() also=""
+    grep -q '^video:' "$prefix/etc/group" && groups=(--groups video) && also=", video"
+    useradd --prefix "$prefix" "${useradd_args[@]}" "${groups[@]}" edged
+    say "created user edged (groups: edged$also)"
   fi
 }
 
