@@ -58,12 +58,26 @@ def test_unit_with_the_jetson_drop_in_verifies(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
 
 
-def test_unit_is_rated_ok_by_systemd_analyze_security(tmp_path: Path) -> None:
-    res = analyze("security", "--offline=true", "--no-pager", str(unit_for_test(tmp_path)))
+def exposure(unit: Path) -> tuple[float, str]:
+    res = analyze("security", "--offline=true", "--no-pager", str(unit))
     match = re.search(r"Overall exposure level for edged\.service: (\d+\.\d+) (\w+)", res.stdout)
     assert match, res.stdout[-2000:] + res.stderr
-    assert float(match.group(1)) <= 2.0
-    assert match.group(2) == "OK"
+    return float(match.group(1)), match.group(2)
+
+
+def test_the_unit_as_shipped_gets_the_security_rating_the_readme_states(tmp_path: Path) -> None:
+    """The unit exactly as shipped (its ExecStart need not exist for the rating), and with the Jetson drop-in."""
+    (tmp_path / "plain").mkdir()
+    plain = shutil.copy(UNIT, tmp_path / "plain" / "edged.service")
+    (tmp_path / "jetson").mkdir()
+    jetson = tmp_path / "jetson" / "edged.service"
+    drop_in = (REPO / "systemd" / "edged.service.d" / "jetson-gpu.conf").read_text(encoding="utf-8")
+    jetson.write_text(UNIT.read_text(encoding="utf-8") + "\n" + drop_in, encoding="utf-8")
+    (level, verdict), (gpu_level, gpu_verdict) = exposure(Path(plain)), exposure(jetson)
+    assert (verdict, gpu_verdict) == ("OK", "OK")
+    assert max(level, gpu_level) <= 2.0
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    assert f'rates the unit as shipped {level} "OK", {gpu_level} with the Jetson GPU drop-in' in readme
 
 
 def test_unit_has_the_settings_operators_rely_on() -> None:
