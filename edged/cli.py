@@ -18,6 +18,67 @@ log = logging.getLogger("edged")
 TOOLS = ("inspect", "quantize", "validate", "bench", "budget", "record")
 FLEET = {"ingest": "run_ingest_command", "fleet": "run_fleet_command"}
 
+# Every command's exit status, shown at the end of its --help (and in the README's command table). Any
+# command exits 1 on an error it can name (a line on stderr says what; never a traceback) and 2 on a
+# command line argparse refuses.
+EXITS = {
+    "run": "0 stopped (SIGTERM, Ctrl-C, or every pipeline ended); 1 a config or start-up error, or a pipeline failed",
+    "demo": "0 the video played to its end (or Ctrl-C with --loop); 1 an error",
+    "status": "0 running; 1 degraded (the reasons say why); 2 not running, or its socket cannot be read",
+    "record": "0 the frames were written; 1 an error (no frame came within --timeout)",
+    "check-config": "0 valid; 1 a problem (one line each: file:line key=value: message)",
+    "prepare": "0 every engine is built; 1 a pipeline failed or the config has a problem",
+    "inspect": "0 onnxruntime loads the model; 1 it does not (the report says why), or an error",
+    "quantize": "0 the int8 model was written; 1 an error, or no recipe kept the fp32 answers; 3 int8 is slower "
+    "than fp32 here (nothing written; --accept-slower writes it)",
+    "validate": "0 every gate passed; 1 a gate failed, or an error",
+    "bench": "0 measured; 1 an error",
+    "budget": "0 computed; 1 an error",
+    "ingest": "0 stopped (--report: no result lost without a reason); 1 the database writer died, or an error "
+    "(--report: a result lost without a reason)",
+    "fleet keygen": "0 the key was written; 1 an error (an existing key is never overwritten)",
+    "fleet send": "0 every device expected answered ok; 1 one answered not ok (its reason is in the JSON, e.g. "
+    "busy); 3 one did not answer within --wait (a line on stderr says which)",
+    "fleet rollout": "0 every device runs the new model; 1 the rollout stopped (a canary failed), or an error",
+}
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option with a default says it: `(default: X)` is added unless the help already names its
+    default; flags (store_true) and options without one (None) say nothing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default is None
+            or default is argparse.SUPPRESS
+            or isinstance(default, bool)
+            or not action.option_strings
+        ):
+            return text
+        shown = ",".join(map(str, default)) if isinstance(default, list | tuple) else "%(default)s"
+        return f"{text} (default: {shown})"
+
+
+def _document(parser: argparse.ArgumentParser, path: str = "") -> None:
+    """One place for what every --help page says beyond its options: the command's summary (its line in
+    `edged --help`) as the page's description, and its exit status as the epilog."""
+    parser.formatter_class = _HelpFormatter
+    for action in parser._actions:  # noqa: SLF001  (argparse has no public walk of its subcommands)
+        if not isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            continue
+        summaries = {a.dest: a.help for a in action._choices_actions}  # noqa: SLF001
+        for name, sub in action.choices.items():
+            command = f"{path} {name}".strip()
+            if sub.description is None and summaries.get(name):
+                summary = str(summaries[name])
+                sub.description = summary[0].upper() + summary[1:] + "."
+            if command in EXITS:
+                sub.epilog = f"exit status: {EXITS[command]}"
+            _document(sub, command)
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edged", description="On-device inference daemon.")
@@ -56,13 +117,14 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--timeout", type=float, default=120.0, help="give up after this many seconds")
 
     check = sub.add_parser("check-config", help="validate a config file")
-    check.add_argument("file", type=Path)
+    check.add_argument("file", type=Path, help="the config file to check (model files, cameras and all)")
 
     prep = sub.add_parser("prepare", help="build the TensorRT engines a config needs, ahead of `edged run`")
     prep.add_argument(
         "config", type=Path, nargs="?", help="config file (default $EDGED_CONFIG or /etc/edged/edged.yaml)"
     )
     _tool_parsers(sub)
+    _document(parser)
     return parser
 
 
@@ -147,15 +209,22 @@ def _fleet_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     send = fsub.add_parser(
         "send",
         help="send one signed command; print the devices' answers",
-        description="Send one signed command and print the devices' answers as JSON. Exit 0: every device "
-        "expected answered ok; 1: one answered not ok (its reason is in the JSON, e.g. busy); 3: one expected did "
-        "not answer within --wait (a line on stderr says which).",
+        description="Send one signed command and print the devices' answers as JSON, by device.",
     )
-    send.add_argument("cmd", choices=["status", "reload", "config", "record", "model"])
+    send.add_argument(
+        "cmd", choices=["status", "reload", "config", "record", "model"], help="the command (README: Fleet, commands)"
+    )
     to = send.add_mutually_exclusive_group(required=True)
     to.add_argument("--device", help="one device id")
     to.add_argument("--group", help="every device in this group (control.groups)")
-    send.add_argument("--key", type=Path, required=True, help="the private signing key (edged fleet keygen)")
+    send.add_argument(
+        "--signing-key",
+        "--key",
+        dest="key",
+        type=Path,
+        required=True,
+        help="the Ed25519 key that signs the command (edged fleet keygen; not the TLS --key-file)",
+    )
     send.add_argument("--args", help='the command\'s arguments as JSON, e.g. \'{"config": {"log_level": "debug"}}\'')
     send.add_argument("--wait", type=float, default=30.0, help="seconds to wait for answers (default 30)")
     send.add_argument("--expect", type=int, help="stop waiting once this many devices answered")
@@ -165,7 +234,14 @@ def _fleet_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     to = roll.add_mutually_exclusive_group(required=True)
     to.add_argument("--group", help="the devices of this group (found from their retained state)")
     to.add_argument("--device", action="append", help="a device id (repeat for more)")
-    roll.add_argument("--key", type=Path, required=True, help="the private signing key (edged fleet keygen)")
+    roll.add_argument(
+        "--signing-key",
+        "--key",
+        dest="key",
+        type=Path,
+        required=True,
+        help="the Ed25519 key that signs the commands (edged fleet keygen; not the TLS --key-file)",
+    )
     roll.add_argument("--pipeline", help="the pipeline whose model changes (default: each device's first)")
     roll.add_argument("--canary", default="1", help="devices that go first: a count or a share like 10%% (default 1)")
     roll.add_argument("--via", choices=["url", "mqtt"], default="url", help="how devices fetch it (default url)")
@@ -186,14 +262,20 @@ def _broker_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=1883, help="MQTT broker port")
     p.add_argument("--ca-file", type=Path, help="TLS: CA of the broker's certificate")
     p.add_argument("--cert-file", type=Path, help="TLS: client certificate")
-    p.add_argument("--key-file", dest="key_file_tls", type=Path, help="TLS: client key")
+    p.add_argument(
+        "--key-file",
+        dest="key_file_tls",
+        metavar="KEY_FILE",
+        type=Path,
+        help="TLS: the client certificate's key (not the signing key)",
+    )
     p.add_argument("--username", help="MQTT user name")
     p.add_argument("--password-file", type=Path, help="file holding the MQTT password")
 
 
 def _inspect_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     ins = sub.add_parser("inspect", help="what a model is: I/O, opsets, quantization, metadata, providers")
-    ins.add_argument("model", type=Path)
+    ins.add_argument("model", type=Path, help="the .onnx file")
     ins.add_argument("--json", action="store_true", help="machine-readable report")
 
 
