@@ -49,7 +49,7 @@ def main() -> int:
                     "precision": matched / ours if ours else 1.0,
                 }
             )
-        masks = [reference_decodes.u2netp(Path(tmp), same_input=same) for same in (True, False)]
+        masks = list(reference_decodes.u2netp(Path(tmp)))  # rembg's input, then edged's preprocessing
     seg = {
         "model": masks[0].model,
         "decoder": masks[0].decoder,

