@@ -124,3 +124,43 @@ def test_seeded_histograms_never_grow() -> None:
     at_once.collect({"t": [everything]})
     assert len(hist) == 128
     assert hist.tolist() == at_once.histogram_dict["t"][0].tolist()
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_the_min_max_pass_gives_the_ranges_of_orts_minmax_calibrator(tmp_path: Path, symmetric: bool) -> None:
+    """edged reduces each tensor itself (one frame's activations at a time); the ranges must be those of
+    ORT's own MinMaxCalibrater on the same model and frames, plain and symmetric."""
+    import numpy as np
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.calibrate import create_calibrator
+    from tools_models import SIZE, make_conv_model
+
+    from edged.tools.calibration import RangeCache
+
+    model = make_conv_model(tmp_path / "m.onnx")
+    rng = np.random.default_rng(3)
+    frames = [rng.normal(0.2, 1.5, (1, 3, SIZE, SIZE)).astype(np.float32) for _ in range(5)]
+    ours = RangeCache(model, "image", frames, tmp_path)._minmax_ranges(symmetric, lambda _n: None)  # noqa: SLF001
+    theirs = create_calibrator(
+        model,
+        None,
+        augmented_model_path=str(tmp_path / "aug.onnx"),
+        calibrate_method=CalibrationMethod.MinMax,
+        extra_options={"symmetric": symmetric},
+    )
+    for x in frames:
+        theirs.collect_data(_Reader([{"image": x}]))  # one frame at a time, as edged feeds it
+    expected = theirs.compute_data()
+    assert set(ours.data) == set(expected.data)
+    for name, data in expected.data.items():
+        assert np.allclose(ours.data[name].range_value, data.range_value, rtol=1e-6), name
+
+
+class _Reader:
+    """ORT's CalibrationDataReader protocol over a list of feeds."""
+
+    def __init__(self, feeds: list[dict[str, object]]) -> None:
+        self.feeds = iter(feeds)
+
+    def get_next(self) -> dict[str, object] | None:
+        return next(self.feeds, None)
