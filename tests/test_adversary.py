@@ -76,7 +76,7 @@ def test_a_hostile_config_is_one_clear_line_and_bounded_memory(tmp_path: Path, n
 )
 @pytest.mark.integration
 def test_a_topic_no_broker_takes_fails_check_config(tmp_path: Path, tiny_model: Path, topic: str, says: str) -> None:
-    cfg = base_config(tmp_path, tiny_model, str(tmp_path / "v.mp4"))
+    cfg = base_config(tmp_path, tiny_model, "/dev/video9")  # a camera that is not there: check-config passes it
     cfg["mqtt"]["topic"] = topic
     path = write_config(tmp_path / "edged.yaml", cfg)
     res = run_cli("check-config", str(path))
@@ -102,7 +102,7 @@ def broken_models(tmp_path: Path, good: Path) -> dict[str, Path]:
 @pytest.mark.integration
 def test_check_config_and_inspect_refuse_a_model_onnx_runtime_cannot_load(tmp_path: Path, tiny_model: Path) -> None:
     for name, model in broken_models(tmp_path, tiny_model).items():
-        cfg = base_config(tmp_path, model, str(tmp_path / "v.mp4"))
+        cfg = base_config(tmp_path, model, "/dev/video9")  # a camera that is not there: check-config passes it
         path = write_config(tmp_path / "edged.yaml", cfg)
         res = run_cli("check-config", str(path))
         assert res.returncode == 1, f"{name}: {res.stdout}"
@@ -112,7 +112,7 @@ def test_check_config_and_inspect_refuse_a_model_onnx_runtime_cannot_load(tmp_pa
         inspected = run_cli("inspect", str(model))
         assert inspected.returncode == 1, f"{name}: {inspected.stdout}"
         assert "Traceback" not in inspected.stderr
-    good = base_config(tmp_path, tiny_model, str(tmp_path / "v.mp4"))
+    good = base_config(tmp_path, tiny_model, "/dev/video9")  # a camera that is not there: check-config passes it
     assert run_cli("check-config", str(write_config(tmp_path / "good.yaml", good))).returncode == 0  # still fine
     assert run_cli("inspect", str(tiny_model)).returncode == 0
 

@@ -73,11 +73,11 @@ class CameraSourceConfig(Strict):
     def _video_file_exists(cls, value: str | int, info: ValidationInfo) -> str | int:
         """A video file that is not there is a typo: refused at check-config. A camera device (anything
         under /dev) or a stream that is absent is merely unplugged or down: the pipeline waits for it."""
-        if isinstance(value, int) or source_kind(value) != "file" or value.startswith("/dev/"):
-            return value
-        path = Path(value).expanduser()
         base = (info.context or {}).get("base_dir")
-        if not path.is_absolute() and base is not None:
+        if base is None or isinstance(value, int) or source_kind(value) != "file" or value.startswith("/dev/"):
+            return value  # a config built in code (the demo) is not checked: only a config file's typos are
+        path = Path(value).expanduser()
+        if not path.is_absolute():
             path = Path(base) / path  # relative to the config file, as model.path is
         if not path.is_file():
             raise ValueError(
