@@ -87,7 +87,7 @@ def test_a_replay_is_refused_after_a_restart_too(tmp_path: Path, keys: tuple[Any
 
 def test_check_config_names_a_bad_public_key_and_control_without_mqtt(tmp_path: Path, tiny_model: Path) -> None:
     text = (f"device_id: d\nstate_dir: {tmp_path}\nmqtt: {{enabled: false}}\ncontrol:\n  public_keys: [\"abc\"]\n"
-            "pipelines:\n  - name: cam0\n    source: {type: camera, uri: x.mp4}\n"
+            "pipelines:\n  - name: cam0\n    source: {type: camera, uri: /dev/video9}\n"
             f"    model: {{path: {tiny_model}}}\n")  # fmt: skip
     with pytest.raises(ConfigError) as err:
         parse_config(text, "edged.yaml")

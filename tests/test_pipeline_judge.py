@@ -28,7 +28,7 @@ def pages(tmp: Path) -> Path:
 
 def judged(tmp: Path, model: Path, post: dict[str, Any] | None, data: Path) -> dict[str, Any]:
     """validate's report of the model against itself, with the pipeline (when `post`) given by --config."""
-    cfg = base_config(tmp, model, str(tmp / "x.mp4"))
+    cfg = base_config(tmp, model, "/dev/video9")
     cfg["pipelines"][0]["preprocess"] = LAYOUT_PRE
     if post is not None:
         cfg["pipelines"][0]["postprocess"] = post

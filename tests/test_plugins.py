@@ -45,7 +45,7 @@ def test_the_readme_plugin_is_found_checked_and_run(tmp_path: Path) -> None:
     site = tmp_path / "site"
     site.mkdir()
     install_plugin(site)
-    data = base_config(tmp_path, MODEL, str(tmp_path / "x.mp4"))
+    data = base_config(tmp_path, MODEL, "/dev/video9")
     data["pipelines"][0]["postprocess"] = {"type": "alarm", "threshold": 0.9}
     good = check_config(write_config(tmp_path / "good.yaml", data), site)
     # check-config ran a frame through the model and the plugin's decoder (edged/pipeline/model.py dry_run)
@@ -60,7 +60,7 @@ def test_the_readme_plugin_is_found_checked_and_run(tmp_path: Path) -> None:
 
 
 def test_without_the_plugin_its_type_is_unknown(tmp_path: Path) -> None:
-    data = base_config(tmp_path, MODEL, str(tmp_path / "x.mp4"))
+    data = base_config(tmp_path, MODEL, "/dev/video9")
     data["pipelines"][0]["postprocess"] = {"type": "alarm"}
     res = check_config(write_config(tmp_path / "edged.yaml", data), tmp_path)
     assert res.returncode == 1
@@ -73,7 +73,7 @@ def test_a_broken_plugin_is_named_and_skipped(tmp_path: Path) -> None:
     site.mkdir()
     install_plugin(site)
     (site / "edged_alarm.py").write_text("raise ImportError('needs libfoo')\n", encoding="utf-8")
-    data = base_config(tmp_path, MODEL, str(tmp_path / "x.mp4"))
+    data = base_config(tmp_path, MODEL, "/dev/video9")
     data["pipelines"][0]["postprocess"] = {"type": "classify"}
     res = check_config(write_config(tmp_path / "edged.yaml", data), site)
     assert res.returncode == 0, res.stderr  # the other types still work

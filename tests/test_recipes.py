@@ -184,6 +184,32 @@ def test_the_error_analysis_ranks_where_the_error_comes_in(tmp_path: Path) -> No
     assert {"Mul_0", "Conv_1"} <= set(worst.region)  # the stretch back to the last tensor int8 held well
     assert errors[-1].added_db < 1  # a stretch that adds no error ranks last
     assert set(sensitivity.nodes_to_float(fp32, errors)) >= {"Mul_0", "Conv_1", "GlobalAveragePool_3"}
+    # a tensor per chunk (each chunk a model that outputs only its tensors) ranks them the same
+    one_by_one = pytest.MonkeyPatch()
+    one_by_one.setattr(sensitivity, "CHUNK_BYTES", 1)
+    try:
+        chunked = sensitivity.tensor_errors(fp32, int8, "image", inputs, tmp_path)
+    finally:
+        one_by_one.undo()
+    assert [(e.tensor, round(e.sqnr_db, 6)) for e in chunked] == [(e.tensor, round(e.sqnr_db, 6)) for e in errors]
+
+
+def test_a_chunk_model_drops_the_nodes_that_only_fed_other_chunks(tmp_path: Path) -> None:
+    """ORT keeps a Reshape's output, laid over its input, to the end of the run when nothing reads it: the
+    saved outputs of other chunks must go with their nodes, or every activation stays alive."""
+    from onnxruntime.quantization import qdq_loss_debug
+
+    fp32 = make_outlier_model(tmp_path / "outlier.onnx")
+    augmented = tmp_path / "aug.onnx"
+    qdq_loss_debug.modify_model_output_intermediate_tensors(str(fp32), str(augmented))
+    model = onnx.load(str(augmented))
+    saved = sensitivity._saved(model)  # noqa: SLF001
+    trimmed = sensitivity.trimmed_to(model, saved[:1])
+    assert [o.name for o in trimmed.graph.output if o.name in saved] == saved[:1]
+    made = {o for n in trimmed.graph.node for o in n.output}
+    assert saved[0] in made
+    assert not made & set(saved[1:])  # no node left that only made another chunk's output
+    assert len(trimmed.graph.node) == len(model.graph.node) - (len(saved) - 1)
 
 
 def test_a_derived_recipe_or_unknown_nodes_are_refused_with_what_to_give(

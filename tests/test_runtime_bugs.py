@@ -26,7 +26,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.integration
 def test_backoff_bounds_in_the_wrong_order_fail_check_config_not_run(tmp_path: Path, tiny_model: Path) -> None:
     # `edged run` used to die with a ValueError traceback; check-config passed it
-    cfg = base_config(tmp_path, tiny_model, str(tmp_path / "v.mp4"))
+    cfg = base_config(tmp_path, tiny_model, "/dev/video9")
     cfg["mqtt"].update({"reconnect_min_s": 10, "reconnect_max_s": 1})
     path = write_config(tmp_path / "edged.yaml", cfg)
     res = run_cli("check-config", str(path))

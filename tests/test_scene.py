@@ -120,7 +120,7 @@ def test_publish_mode_events_holds_results_back_but_for_the_summary() -> None:
 def test_bad_scene_settings_are_config_errors(
     tmp_path: Path, tiny_model: Path, pipeline: dict[str, Any], key: str, message: str
 ) -> None:
-    cfg = base_config(tmp_path, tiny_model, "x.mp4")
+    cfg = base_config(tmp_path, tiny_model, "/dev/video9")
     cfg["pipelines"][0].update(pipeline)
     with pytest.raises(ConfigError) as err:
         config_from_dict(cfg)

@@ -126,7 +126,7 @@ def test_on_change_compares_the_classes_seen() -> None:
 
 
 def test_home_assistant_gets_an_area_and_a_presence_per_label(tmp_path: Path) -> None:
-    data = base_config(tmp_path, tp.package_dir("rembg") / "u2netp.onnx", str(tmp_path / "x.mp4"))
+    data = base_config(tmp_path, tp.package_dir("rembg") / "u2netp.onnx", "/dev/video9")
     data["pipelines"][0]["postprocess"] = {"type": "segment", "labels": ["person"], "classes": ["person"]}
     data["homeassistant"] = {"enabled": True}
     data["mqtt"]["enabled"] = True  # discovery needs a broker in the config; nothing connects here
@@ -154,7 +154,7 @@ def test_validate_judges_a_segmenter_by_its_class_maps(tmp_path: Path) -> None:
     """With --config naming `segment`, validate (and quantize's search) gate on the IoU of the decoded class
     maps; the six side outputs of U²-Net-p are reported, not gated on."""
     model = tp.package_dir("rembg") / "u2netp.onnx"
-    data = base_config(tmp_path, model, str(tmp_path / "x.mp4"))
+    data = base_config(tmp_path, model, "/dev/video9")
     data["pipelines"][0]["preprocess"] = {"size": [320, 320], "resize": "stretch", "color": "rgb", **ref.IMAGENET}
     data["pipelines"][0]["postprocess"] = {"type": "segment", "normalize": "minmax"}
     config = write_config(tmp_path / "edged.yaml", data)

@@ -184,7 +184,7 @@ def test_a_second_model_that_does_not_fit_its_preprocess_is_a_check_config_error
     from edged.ops.checkconfig import check_config
 
     model = vision_scene.make_detector(tmp_path / "detector.onnx")
-    cfg = base_config(tmp_path, model, "x.mp4")
+    cfg = base_config(tmp_path, model, "/dev/video9")
     cfg["pipelines"][0]["postprocess"] = {"type": "detect"}
     marks = vision_scene.make_mark_model(tmp_path / "marks.onnx")
     cfg["pipelines"][0]["secondary"] = [

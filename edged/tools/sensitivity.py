@@ -97,10 +97,10 @@ def tensor_errors(
     SQNR over the frames is the same as ORT's over all of them at once)."""
     onnx = require_onnx()
     with contextlib.redirect_stdout(sys.stderr):  # ORT's calibrater prints to stdout, which is for --json
-        float_sess = _augmented_session("fp32", float_model, tmp)
-        int8_sess = _augmented_session("int8", int8_model, tmp)
+        float_aug = _augmented("fp32", float_model, tmp)
+        int8_aug = _augmented("int8", int8_model, tmp)
     try:
-        power = _noise_power(float_sess, int8_sess, input_name, inputs[:FRAMES])
+        power = _noise_power(float_aug, int8_aug, _sizes(float_model), input_name, inputs[:FRAMES], tmp)
     except Exception as exc:
         raise ToolError(f"could not compare the models' intermediate outputs: {exc}") from exc
     sqnr = {name: 10 * math.log10(max(signal, EPS) / max(noise, EPS)) for name, (signal, noise) in power.items()}
@@ -119,24 +119,40 @@ SAVED_SUFFIX = "_ReshapedSavedOutput"  # how ORT's qdq_loss_debug names the inte
 EPS = float(np.finfo(np.float64).eps) ** 2  # ORT's SQNR floors both norms at eps (here: squared norms)
 
 
-def _augmented_session(label: str, path: Path, tmp: Path) -> Any:
-    """A session of the model with every intermediate tensor as an extra output (ORT's qdq_loss_debug)."""
+def _augmented(label: str, path: Path, tmp: Path) -> Any:
+    """The model with every intermediate tensor as an extra output (ORT's qdq_loss_debug), as a ModelProto."""
     from onnxruntime.quantization import qdq_loss_debug as debug  # noqa: PLC0415
 
     augmented = tmp / f"{path.stem}.{label}.debug.onnx"
     try:
         debug.modify_model_output_intermediate_tensors(str(path), str(augmented))
-        return arena_free_session(augmented)  # unoptimised, as qdq_loss_debug runs it
+        return require_onnx().load(str(augmented))
     except Exception as exc:
         raise ToolError(f"could not read the {label} model's intermediate outputs: {exc}") from exc
+    finally:
+        augmented.unlink(missing_ok=True)
 
 
-CHUNK = 32  # tensors compared per run: at most this many of one frame's activations of each model are held
+CHUNK_BYTES = 384 * 2**20  # one frame's activations compared per run, of each model (estimated from shapes)
 
 
-def _saved(sess: Any) -> list[str]:
-    """The session's added outputs (every intermediate tensor, named with ORT's SAVED_SUFFIX)."""
-    return [o.name for o in sess.get_outputs() if o.name.endswith(SAVED_SUFFIX)]
+def _sizes(model_path: Path) -> dict[str, int]:
+    """Bytes of each tensor of one frame whose shape is known (the prepared model's input is pinned, and
+    ORT's pre-processing inferred the shapes)."""
+    onnx = require_onnx()
+    graph = onnx.shape_inference.infer_shapes(onnx.load(str(model_path))).graph
+    sizes: dict[str, int] = {}
+    for info in (*graph.value_info, *graph.output):
+        dims = [d.dim_value for d in info.type.tensor_type.shape.dim]
+        if dims and all(d > 0 for d in dims):
+            itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)).itemsize
+            sizes[info.name] = math.prod(dims) * itemsize
+    return sizes
+
+
+def _saved(model: Any) -> list[str]:
+    """The model's added outputs (every intermediate tensor, named with ORT's SAVED_SUFFIX)."""
+    return [o.name for o in model.graph.output if o.name.endswith(SAVED_SUFFIX)]
 
 
 def _base(name: str, suffixes: tuple[str, ...]) -> str:
@@ -145,34 +161,83 @@ def _base(name: str, suffixes: tuple[str, ...]) -> str:
     return next((name[: -len(s)] for s in suffixes if s and name.endswith(s)), name)
 
 
-def _noise_power(float_sess: Any, int8_sess: Any, input_name: str, frames: list[Tensor]) -> dict[str, list[float]]:
+def _chunks(bases: list[str], cost: dict[str, int]) -> list[list[str]]:
+    """Consecutive tensors whose activations (both models') add up to CHUNK_BYTES at most (one at least)."""
+    chunks: list[list[str]] = [[]]
+    held = 0
+    for b in bases:
+        if chunks[-1] and held + cost[b] > CHUNK_BYTES:
+            chunks.append([])
+            held = 0
+        chunks[-1].append(b)
+        held += cost[b]
+    return [c for c in chunks if c]
+
+
+def _noise_power(  # noqa: PLR0917  (the two models, what their tensors weigh, and the frames)
+    float_aug: Any, int8_aug: Any, sizes: dict[str, int], input_name: str, frames: list[Tensor], tmp: Path
+) -> dict[str, list[float]]:
     """Per tensor: [sum of the float tensor's squares, sum of the squared int8 - float differences].
 
-    A few tensors at a time (CHUNK): both models run once per frame and chunk, asked only for those
-    tensors' activations, so memory holds a chunk's worth, not every tensor of a frame (4.2 GB for two
-    640x480 text detectors, where ORT's own debug tool asks for all of them at once)."""
+    ORT keeps every graph output of a run until the run ends, whether it was asked for or not; so the
+    tensors are compared a chunk at a time (CHUNK_BYTES of one frame's activations, from the shapes), each
+    chunk with models whose only outputs are that chunk's tensors: memory holds a chunk's worth of both
+    models, not every tensor of a frame (4.2 GB for two 640x480 text detectors, where ORT's own debug tool
+    asks for all of them at once), and each frame runs once per chunk."""
     from onnxruntime.quantization import qdq_loss_debug as debug  # noqa: PLC0415
 
     suffixes = tuple(
         str(getattr(debug, n)) for n in ("QUANT_INPUT_SUFFIX", "DEQUANT_OUTPUT_SUFFIX", "_POST_QDQ_POSTFIX1")
         if hasattr(debug, n)
     )  # fmt: skip
-    floats = {n.removesuffix(SAVED_SUFFIX): n for n in _saved(float_sess)}
+    floats = {n.removesuffix(SAVED_SUFFIX): n for n in _saved(float_aug)}
     int8: dict[str, list[str]] = {}
-    for n in _saved(int8_sess):
+    for n in _saved(int8_aug):
         int8.setdefault(_base(n, suffixes), []).append(n)
     bases = [b for b in floats if b in int8]
+    guess = int(frames[0].nbytes) if frames else 1  # a tensor of unknown shape: as large as the input
+    cost = {b: sizes.get(b, guess) * (1 + len(int8[b])) for b in bases}
     power: dict[str, list[float]] = {}
-    for start in range(0, len(bases), CHUNK):
-        chunk = bases[start : start + CHUNK]
+    for chunk in _chunks(bases, cost):
         float_names = [floats[b] for b in chunk]
         int8_names = [n for b in chunk for n in int8[b]]
+        float_sess = _session_for(float_aug, float_names, tmp / "chunk.fp32.onnx")
+        int8_sess = _session_for(int8_aug, int8_names, tmp / "chunk.int8.onnx")
         for x in frames:
             feed = {input_name: x}
             float_acts = _run(float_sess, float_names, feed)
             matched = debug.create_activation_matching(_run(int8_sess, int8_names, feed), float_acts)
             _accumulate(power, matched)
+        del float_sess, int8_sess  # the next chunk's sessions replace them
     return power
+
+
+def _session_for(model: Any, names: list[str], path: Path) -> Any:
+    """A session of `model` whose graph outputs are `names` only (unoptimised, as qdq_loss_debug runs it)."""
+    require_onnx().save(trimmed_to(model, names), str(path))
+    try:
+        return arena_free_session(path)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def trimmed_to(model: Any, names: list[str]) -> Any:
+    """A copy of the augmented `model` whose saved outputs are `names` only.
+
+    The nodes that made the other saved outputs go too: each is a Reshape whose output ORT lays over its
+    input, so left without a reader it would keep that activation alive to the end of the run (one output
+    kept of 526 still held 0.74 GB of a PicoDet frame's activations)."""
+    keep = set(names)
+    dropped = {o.name for o in model.graph.output if o.name.endswith(SAVED_SUFFIX) and o.name not in keep}
+    trimmed = require_onnx().ModelProto()
+    trimmed.CopyFrom(model)
+    outputs = [o for o in trimmed.graph.output if o.name not in dropped]
+    nodes = [n for n in trimmed.graph.node if not (n.output and set(n.output) <= dropped)]
+    del trimmed.graph.output[:]
+    trimmed.graph.output.extend(outputs)
+    del trimmed.graph.node[:]
+    trimmed.graph.node.extend(nodes)
+    return trimmed
 
 
 def _run(sess: Any, names: list[str], feed: dict[str, Tensor]) -> dict[str, list[Tensor]]:
