@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import inspect
+import io
 import logging
 import sys
 from collections.abc import Callable, Iterator
@@ -164,7 +165,9 @@ class RangeCache:
     def _collect(self, calibrator: Any, advance: Callable[[int], None]) -> None:
         """One frame at a time: its activations are folded in and dropped before the next."""
         reader = CountingReader(self.input_name, self.inputs, advance)
-        with contextlib.redirect_stdout(sys.stderr):
+        # ORT prints "Collecting tensor data and making histogram ..." per call, here once per frame: the
+        # progress bar says as much, so those lines go nowhere (stdout is for --json)
+        with contextlib.redirect_stdout(io.StringIO()):
             for start in range(len(self.inputs)):
                 reader.set_range(start, start + 1)
                 calibrator.collect_data(reader)
