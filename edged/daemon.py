@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import select
 import signal
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -72,7 +70,7 @@ class Daemon:
         self.state = "starting"
         self.started = time.monotonic()
         # wait() sleeps on this; a stop request, a SIGHUP or an inference worker that ended pokes it (safe
-        # from a signal handler: see edged/waker.py)
+        # from a signal handler: see edged/core/waker.py)
         self._stop_asked = False
         self._reload_asked = False
         self._wake: Waker | None = None  # made by start()
@@ -262,7 +260,7 @@ class Daemon:
         wake = self._wake
         if wake is None:
             raise RuntimeError("Daemon.wait() before start()")
-        with wake_on_signals(wake):
+        with wake.on_signals():
             self._wait(wake)
 
     def _wait(self, wake: Waker) -> None:
@@ -444,7 +442,7 @@ class Daemon:
         return out
 
     def snapshot(self) -> dict[str, Any]:
-        """The status JSON (DESIGN.md contract)."""
+        """The status JSON (the contract in the README, Status; other programs read it)."""
         spool = self.spool.stats() if self.spool is not None else {}
         reasons = self.reasons(spool) if self.state == "running" else []
         pipelines = []
@@ -474,22 +472,6 @@ class Daemon:
         if not self.config.mqtt.enabled:
             broker = "disabled"
         return f"{self.health()}: {fps} spool={depth} mqtt={broker}"
-
-
-@contextlib.contextmanager
-def wake_on_signals(wake: Waker) -> Iterator[None]:
-    """While the main thread sleeps in select(), every signal also writes to `wake`. The kernel may hand
-    SIGTERM to any thread; Python runs the handler only in the main thread, so without this a stop asked
-    while the main thread slept waited up to LOG_EVERY_S (60 s) for select() to time out. Does nothing off
-    the main thread (tests run wait() in a thread; signals are not theirs)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.set_wakeup_fd(wake.signal_fd(), warn_on_full_buffer=False)
-    try:
-        yield
-    finally:
-        signal.set_wakeup_fd(previous)
 
 
 def run_daemon(daemon: Daemon) -> int:

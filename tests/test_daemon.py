@@ -291,14 +291,13 @@ def test_a_signal_the_kernel_hands_another_thread_still_wakes_the_main_thread() 
     # the kernel may deliver SIGTERM to any thread; Python runs the handler only in the main thread, which
     # slept in select() for up to a minute: a `kill` went unanswered (CI saw a stop time out at 30 s)
     from edged.core.waker import Waker
-    from edged.daemon import wake_on_signals
 
     assert threading.current_thread() is threading.main_thread()  # pytest runs tests in the main thread
     handled: list[int] = []
     previous = signal.signal(signal.SIGUSR1, lambda signum, _frame: handled.append(signum))
     wake = Waker()
     try:
-        with wake_on_signals(wake):
+        with wake.on_signals():
             other = threading.Thread(target=lambda: signal.pthread_kill(threading.get_ident(), signal.SIGUSR1))
             other.start()  # the signal goes to this other thread, never to the main one
             ready, _, _ = select.select([wake], [], [], 60)

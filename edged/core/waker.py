@@ -8,7 +8,10 @@ on `fileno()` and calls `drain()` after it wakes. A poke on a closed waker fails
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
+import threading
+from collections.abc import Iterator
 
 
 class Waker:
@@ -27,6 +30,21 @@ class Waker:
         """The write end, for `signal.set_wakeup_fd`: a signal that the kernel hands to another thread
         still wakes the sleeper, so Python runs its handler now instead of when select() times out."""
         return self._w.fileno()
+
+    @contextlib.contextmanager
+    def on_signals(self) -> Iterator[None]:
+        """While the main thread sleeps on this waker, every signal also pokes it. The kernel may hand
+        SIGTERM to any thread; Python runs the handler only in the main thread, so without this a stop asked
+        while the main thread slept waited for select() to time out. Does nothing off the main thread (tests
+        run the daemon's wait() in a thread; signals are not theirs)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.set_wakeup_fd(self.signal_fd(), warn_on_full_buffer=False)
+        try:
+            yield
+        finally:
+            signal.set_wakeup_fd(previous)
 
     def poke(self) -> None:
         with contextlib.suppress(OSError):  # full (a wake-up is already pending) or closed
