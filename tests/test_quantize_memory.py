@@ -164,3 +164,25 @@ class _Reader:
 
     def get_next(self) -> dict[str, object] | None:
         return next(self.feeds, None)
+
+
+def test_histograms_collected_in_one_pass_equal_those_collected_one_method_at_a_time(tmp_path: Path) -> None:
+    import numpy as np
+    from tools_models import SIZE, make_conv_model
+
+    from edged.tools.calibration import RangeCache
+
+    model = make_conv_model(tmp_path / "m.onnx")
+    rng = np.random.default_rng(5)
+    frames = [rng.normal(0.1, 1.2, (1, 3, SIZE, SIZE)).astype(np.float32) for _ in range(6)]
+    keys = [("percentile", False, 99.9), ("entropy", False, 99.999), ("entropy", True, 99.999)]
+    reads: list[int] = []
+    shared = RangeCache(model, "image", frames, tmp_path / "shared")
+    (tmp_path / "shared").mkdir()
+    shared.plan([("minmax", True, 99.999), *keys])
+    together = {k: json.loads(shared.path(k, reads.append).read_text(encoding="utf-8")) for k in keys}
+    assert sum(reads) == 2 * len(frames)  # the min/max pass, then one pass for all three histograms
+    for k in keys:
+        (tmp_path / k[0]).mkdir(exist_ok=True)
+        alone = RangeCache(model, "image", frames, tmp_path / k[0])
+        assert json.loads(alone.path(k, lambda _n: None).read_text(encoding="utf-8")) == together[k], k

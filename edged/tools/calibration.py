@@ -41,8 +41,6 @@ from typing import Any
 
 import numpy as np
 
-from edged.tools.progress import CountingReader
-
 log = logging.getLogger(__name__)
 
 Tensor = Any
@@ -67,10 +65,17 @@ class RangeCache:
         self.folder = folder
         self._paths: dict[Key, Path] = {}
         self._minmax: dict[bool, Any] = {}  # symmetric -> TensorsData of the min/max pass
+        self._planned: list[Key] = []  # what a search will ask for: histograms that share one pass
+        self._ready: dict[Key, Any] = {}  # computed with another key's pass, not yet asked for
+
+    def plan(self, keys: list[Key]) -> None:
+        """The keys a search will ask for: the histogram methods among them are collected in one pass over
+        the frames (each frame's activations feed every histogram), not one pass each."""
+        self._planned = list(dict.fromkeys(keys))
 
     def reads(self, key: Key) -> int:
         """Frames `path(key)` will read (0 when its ranges are there already): for the progress bar."""
-        if key in self._paths:
+        if key in self._paths or key in self._ready:
             return 0
         n = len(self.inputs)
         scan = 0 if self._minmax else n  # one pass gives the plain and the symmetric min/max ranges
@@ -88,17 +93,39 @@ class RangeCache:
         return self._paths[key]
 
     def _compute(self, key: Key, advance: Callable[[int], None]) -> Any:
-        method, symmetric, percentile = key
-        if method == "minmax":
-            return self._minmax_ranges(symmetric, advance)
+        if key in self._ready:
+            return self._ready.pop(key)
+        if key[0] == "minmax":
+            return self._minmax_ranges(key[1], advance)
+        keys = [key] + [k for k in self._planned if k[0] != "minmax" and k != key and k not in self._paths]
+        data = self._histograms(keys, advance)
+        self._ready.update({k: data[k] for k in keys[1:]})
+        return data[key]
+
+    def _histograms(self, keys: list[Key], advance: Callable[[int], None]) -> dict[Key, Any]:
+        """The histogram methods' ranges for `keys`, from one pass: each frame runs once, and its activations
+        go into every key's histograms (seeded with the tensors' whole ranges) before the next frame."""
         bounds = self._minmax_ranges(False, advance)  # each tensor's whole range seeds its histogram
-        extra: dict[str, Any] = {"symmetric": symmetric}
-        if method == "percentile":
-            extra["percentile"] = percentile
-        with self._calibrator(method, extra) as calibrator:
-            seed_histograms(calibrator, bounds)
-            self._collect(calibrator, advance)
-            return calibrator.compute_data()
+        with contextlib.ExitStack() as stack:
+            calibrators: dict[Key, Any] = {}
+            for i, (method, symmetric, percentile) in enumerate(keys):
+                extra: dict[str, Any] = {"symmetric": symmetric}
+                if method == "percentile":
+                    extra["percentile"] = percentile
+                calibrator = stack.enter_context(self._calibrator(method, extra, f"augmented-{i}.onnx", run=i == 0))
+                seed_histograms(calibrator, bounds)
+                calibrators[keys[i]] = calibrator
+            session = calibrators[keys[0]].infer_session
+            names = [o.name for o in session.get_outputs()]
+            for x in self.inputs:
+                outputs = dict(zip(names, session.run(None, {self.input_name: x}), strict=True))
+                for calibrator in calibrators.values():  # as ORT's collect_data does with one frame
+                    wanted = calibrator.tensors_to_calibrate
+                    calibrator.collector.collect({n: [v] for n, v in outputs.items() if n in wanted})
+                del outputs
+                advance(1)
+            with contextlib.redirect_stdout(io.StringIO()):  # ORT prints its threshold search on stdout
+                return {k: c.compute_data() for k, c in calibrators.items()}
 
     def _minmax_ranges(self, symmetric: bool, advance: Callable[[int], None]) -> Any:
         if not self._minmax:
@@ -133,7 +160,11 @@ class RangeCache:
         }
 
     @contextlib.contextmanager
-    def _calibrator(self, method: str, extra: dict[str, Any]) -> Iterator[Any]:
+    def _calibrator(
+        self, method: str, extra: dict[str, Any], name: str = "augmented.onnx", *, run: bool = True
+    ) -> Iterator[Any]:
+        """An ORT calibrator of `method` with its augmented model (every tensor an output); with `run`, its
+        session is an arena-free one, else it has none (another calibrator's session runs the frames)."""
         from onnxruntime.quantization import CalibrationMethod  # noqa: PLC0415
         from onnxruntime.quantization.calibrate import create_calibrator  # noqa: PLC0415
 
@@ -142,7 +173,7 @@ class RangeCache:
             "entropy": CalibrationMethod.Entropy,
             "percentile": CalibrationMethod.Percentile,
         }[method]
-        augmented = self.folder / "augmented.onnx"
+        augmented = self.folder / name
         with contextlib.redirect_stdout(sys.stderr):  # ORT prints its progress on stdout, which is for --json
             calibrator = create_calibrator(
                 self.model,
@@ -151,7 +182,7 @@ class RangeCache:
                 calibrate_method=kind,
                 extra_options=extra,
             )
-        calibrator.infer_session = arena_free_session(augmented)
+        calibrator.infer_session = arena_free_session(augmented) if run else None
         try:
             yield calibrator
         finally:
@@ -161,16 +192,6 @@ class RangeCache:
             calibrator = None
             gc.collect()
             augmented.unlink(missing_ok=True)
-
-    def _collect(self, calibrator: Any, advance: Callable[[int], None]) -> None:
-        """One frame at a time: its activations are folded in and dropped before the next."""
-        reader = CountingReader(self.input_name, self.inputs, advance)
-        # ORT prints "Collecting tensor data and making histogram ..." per call, here once per frame: the
-        # progress bar says as much, so those lines go nowhere (stdout is for --json)
-        with contextlib.redirect_stdout(io.StringIO()):
-            for start in range(len(self.inputs)):
-                reader.set_range(start, start + 1)
-                calibrator.collect_data(reader)
 
 
 def arena_free_session(path: Path) -> Any:

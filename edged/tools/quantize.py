@@ -258,6 +258,7 @@ class _Trial:
         metadata = dict(parent.get_modelmeta().custom_metadata_map)
         task, detector = task_judge(opts.judge(), names, shapes, metadata, size, reference[0])
         ranges = RangeCache(prepared, name, calib, tmp)
+        ranges.plan([range_key(with_recipe(opts, r)) for r in recipes.candidates(recipes.resolve_target(opts.target))])
         return cls(prepared, name, calib, held, opts, tmp, reference, names, task, detector, ranges=ranges)
 
     def run(self, r: recipes.Recipe) -> tuple[recipes.Recipe, Path, dict[str, Any]] | None:
@@ -532,7 +533,7 @@ def _quantize_static(  # noqa: PLR0917  (the model, its frames, the recipe and t
         # ORT's own strided calibration (an onnxruntime without calibration_cache_path): CALIB_STRIDE frames'
         # activations at a time; histograms may still grow (edged/tools/calibration.py)
         extra["CalibStridedMinMax"] = CALIB_STRIDE
-    key = (opts.method, _symmetric(opts), opts.percentile)
+    key = range_key(opts)
     reads = ranges.reads(key) if ranges is not None and cached else len(inputs)
     # ORT prints calibration chatter on stdout, which is for --json: it goes to stderr
     with (
@@ -559,6 +560,11 @@ def _quantize_static(  # noqa: PLR0917  (the model, its frames, the recipe and t
             )
         except Exception as exc:
             raise ToolError(f"onnxruntime's quantizer failed: {exc}") from exc
+
+
+def range_key(opts: QuantizeOptions) -> tuple[str, bool, float]:
+    """What a recipe's calibration ranges depend on (edged/tools/calibration.py RangeCache)."""
+    return (opts.method, _symmetric(opts), opts.percentile)
 
 
 def _note_float_activations(model: Any, opts: QuantizeOptions, notes: list[str]) -> None:
