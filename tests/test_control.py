@@ -89,8 +89,10 @@ def test_a_stop_during_a_long_recording_ends_it_and_answers_first(rig: Rig) -> N
     code, err = daemon.stop()  # within the harness's stop timeout, not after the recording's 600 s
     assert code == 0, err
     answer = rig.fleet.wait(recording, expect=1, timeout=30)[dev]  # answered before the daemon went
-    assert answer["ok"] is True, answer
-    assert answer["detail"]["complete"] is False
+    if answer["ok"]:  # with the frames it had
+        assert answer["detail"]["complete"] is False
+    else:  # a loaded machine may stop it before the first frame came; it says so
+        assert answer["detail"].endswith("the daemon stopped before a frame came"), answer
 
 
 def test_a_group_command_reaches_every_member(rig: Rig) -> None:

@@ -31,6 +31,7 @@ class FrameTap:
         self._bytes = 0
         self._max_bytes = TAP_MAX_BYTES
         self._kept: list[npt.NDArray[np.uint8]] = []
+        self._cancelled = False
 
     def arm(self, frames: int, every: int = 1, max_bytes: int = TAP_MAX_BYTES) -> None:
         """Start keeping frames (EdgedError when a recording is already in progress)."""
@@ -40,6 +41,7 @@ class FrameTap:
             self._kept, self._seen, self._bytes = [], 0, 0
             self._every, self._max_bytes = max(1, every), max_bytes
             self._done.clear()
+            self._cancelled = False
             self._want = max(1, frames)
 
     def offer(self, image: npt.NDArray[np.uint8]) -> None:
@@ -60,6 +62,7 @@ class FrameTap:
 
     def cancel(self) -> None:
         """End a recording in progress now (the daemon stops): the waiter returns what it has."""
+        self._cancelled = True
         self._done.set()
 
     def wait(self, timeout: float) -> list[npt.NDArray[np.uint8]]:
@@ -74,6 +77,8 @@ class FrameTap:
         """Arm, wait, and return what came (EdgedError when not one frame did within `timeout`)."""
         self.arm(frames, every)
         kept = self.wait(timeout)
+        if not kept and self._cancelled:
+            raise EdgedError(f"pipeline {pipeline}: the daemon stopped before a frame came")
         if not kept:
             raise EdgedError(f"pipeline {pipeline} gave no frame within {timeout:g} s")
         return kept
