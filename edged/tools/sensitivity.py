@@ -30,7 +30,7 @@ from edged.tools.frames import Tensor
 
 log = logging.getLogger(__name__)
 
-FRAMES = 8  # enough to rank the nodes (one frame's activations of both models are held at a time)
+FRAMES = 4  # enough to rank the nodes: millions of values per tensor (a chunk of one frame of both models is held)
 SHARE = 0.05  # of the quantized graph's nodes whose output tensors stay in float
 CLEAN_DB = 60.0  # the SQNR a node's input counts as when nothing before it was quantized
 
