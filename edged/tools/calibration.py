@@ -97,7 +97,8 @@ class RangeCache:
             return self._ready.pop(key)
         if key[0] == "minmax":
             return self._minmax_ranges(key[1], advance)
-        keys = [key] + [k for k in self._planned if k[0] != "minmax" and k != key and k not in self._paths]
+        done = {*self._paths, *self._ready}
+        keys = [key] + [k for k in self._planned if k[0] != "minmax" and k != key and k not in done]
         data = self._histograms(keys, advance)
         self._ready.update({k: data[k] for k in keys[1:]})
         return data[key]
