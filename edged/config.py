@@ -22,7 +22,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from edged.capture.base import SOURCES
 from edged.core import configfile
 from edged.core.errors import ConfigError
-from edged.core.settings import NAME_PATTERN, Strict
+from edged.core.settings import NAME_PATTERN, Strict, from_config_dir
 from edged.model.postprocess import POSTPROCESSORS
 from edged.pipeline.publish import PUBLISH_FILTERS
 from edged.pipeline.settings import PipelineConfig
@@ -115,7 +115,7 @@ class Config(Strict):
     @field_validator("state_dir")
     @classmethod
     def _state_dir_relative(cls, value: Path, info: ValidationInfo) -> Path:
-        return _relative_to(value, (info.context or {}).get("base_dir"))
+        return from_config_dir(value, (info.context or {}).get("base_dir"))
 
     @field_validator("pipelines")
     @classmethod
@@ -139,14 +139,6 @@ class Config(Strict):
         return self.status.socket or self.state_dir / "status.sock"
 
 
-def _relative_to(value: Path, base: Path | None) -> Path:
-    """A relative state_dir is relative to the config file's folder."""
-    value = value.expanduser()
-    if not value.is_absolute() and base is not None:
-        return Path(base) / value
-    return value
-
-
 def find_status_socket(path: Path) -> tuple[Path, str | None]:
     """(the status socket that the config file at `path` names, a note when the file does not load).
 
@@ -168,7 +160,7 @@ def find_status_socket(path: Path) -> tuple[Path, str | None]:
     if socket_path is None:
         state_dir = Config.model_fields["state_dir"].default
         with contextlib.suppress(TypeError):
-            state_dir = _relative_to(Path(data.get("state_dir", state_dir)), path.parent)
+            state_dir = from_config_dir(Path(data.get("state_dir", state_dir)), path.parent)
         socket_path = state_dir / "status.sock"
     more = f" (and {len(problems) - 1} more: edged check-config {path})" if len(problems) > 1 else ""
     note = f"note: the config does not load (a reload keeps the running one): {problems[0]}{more}"

@@ -19,7 +19,7 @@ from edged.capture import rtsp
 from edged.capture.base import SOURCES, Frame, FrameSlot, Preparer, Source
 from edged.capture.motion import MotionGate
 from edged.core.backoff import Backoff
-from edged.core.settings import Strict, check_order
+from edged.core.settings import Strict, check_order, from_config_dir
 from edged.core.stats import PipelineStats
 
 log = logging.getLogger(__name__)
@@ -76,9 +76,7 @@ class CameraSourceConfig(Strict):
         base = (info.context or {}).get("base_dir")
         if base is None or isinstance(value, int) or source_kind(value) != "file" or value.startswith("/dev/"):
             return value  # a config built in code (the demo) is not checked: only a config file's typos are
-        path = Path(value).expanduser()
-        if not path.is_absolute():
-            path = Path(base) / path  # relative to the config file, as model.path is
+        path = from_config_dir(Path(value), base)  # relative to the config file, as model.path is
         if not path.is_file():
             raise ValueError(
                 f"video file not found: {path}; a camera is /dev/videoN or its index, a stream rtsp://... "

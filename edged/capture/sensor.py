@@ -42,7 +42,7 @@ from edged.capture.sensor_parse import (
 )
 from edged.core.backoff import Backoff
 from edged.core.errors import SourceError
-from edged.core.settings import Strict, check_order
+from edged.core.settings import Strict, check_order, from_config_dir
 from edged.core.stats import PipelineStats
 
 log = logging.getLogger(__name__)
@@ -132,10 +132,7 @@ class SensorSourceConfig(Strict):
     @field_validator("path")
     @classmethod
     def _relative_to_config(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        base = (info.context or {}).get("base_dir")
-        if value is not None and not value.expanduser().is_absolute() and base is not None:
-            return Path(base) / value
-        return value.expanduser() if value is not None else None
+        return None if value is None else from_config_dir(value, (info.context or {}).get("base_dir"))
 
     @field_validator("baud")
     @classmethod

@@ -4,6 +4,7 @@ together into the one schema. Defaults live only in these models."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -28,3 +29,12 @@ def check_order(section: Any, low: str, high: str) -> None:
     """A min/max pair in the right order (`high` >= `low`), or a ValueError naming both keys."""
     if getattr(section, high) < getattr(section, low):
         raise ValueError(f"{high} must be >= {low}")
+
+
+def from_config_dir(value: Path, base: Path | str | None) -> Path:
+    """A path as a config file means it: `~` expanded, and a relative one relative to the file's folder
+    (`base`, the validation context's base_dir; None for a config built in code)."""
+    value = value.expanduser()
+    if not value.is_absolute() and base is not None:
+        return Path(base) / value
+    return value

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from edged.core.settings import Strict
+from edged.core.settings import Strict, from_config_dir
 from edged.model.feeds import ModelInput
 
 DEFAULT_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -59,10 +59,7 @@ class ModelConfig(Strict):
     @field_validator("path")
     @classmethod
     def _model_exists(cls, value: Path, info: ValidationInfo) -> Path:
-        base = (info.context or {}).get("base_dir")
-        path = value.expanduser()
-        if not path.is_absolute() and base is not None:
-            path = Path(base) / path
+        path = from_config_dir(value, (info.context or {}).get("base_dir"))
         if not path.exists():
             raise ValueError(f"model file not found: {path}; {_missing_model_hint(path)}")
         if not path.is_file():
