@@ -5,10 +5,15 @@ Motion JPEG (RTP/JPEG) at rtsp://127.0.0.1:PORT/cam, looping, optionally behind 
     /usr/bin/python3 tests/rtsp_server.py PORT FRAMES_DIR FPS [USER PASSWORD]
 
 FRAMES_DIR holds the frames as JPEG files, served in name order (tests/rtspcam.py writes them from a video).
+With RTSP_PUSH_LOG=FILE in the environment, each push appends "FRAME UNIX_TIME" to FILE (FRAME: its place
+in FRAMES_DIR): the stream's own
+clock, against which benchmarks/rtsp_latency.py measures capture-to-result latency.
 This file runs outside edged's venv, so it imports nothing from edged and is left out of its type checks.
 """
 
+import os
 import sys
+import time
 from pathlib import Path
 
 import gi
@@ -32,6 +37,8 @@ def main() -> None:
         "! jpegparse ! rtpjpegpay name=pay0 pt=26 )"
     )
     jpegs = [p.read_bytes() for p in sorted(Path(frames).glob("*.jpg"))]
+    logged = os.environ.get("RTSP_PUSH_LOG")
+    push_log = Path(logged).open("a", buffering=1) if logged else None  # noqa: SIM115 (open while serving)
 
     def configure(_factory: object, media: GstRtspServer.RTSPMedia) -> None:
         src = media.get_element().get_child_by_name("src")
@@ -39,6 +46,8 @@ def main() -> None:
 
         def push() -> bool:
             data = jpegs[count[0] % len(jpegs)]
+            if push_log is not None:
+                push_log.write(f"{count[0] % len(jpegs)} {time.time():.6f}\n")
             count[0] += 1
             return src.emit("push-buffer", Gst.Buffer.new_wrapped(data)) == Gst.FlowReturn.OK
 

@@ -27,6 +27,7 @@ class RtspCamera:
     user: str | None = None
     password: str | None = None
     port: int = field(default_factory=free_port)
+    push_log: Path | None = None  # the server appends "FRAME UNIX_TIME" per frame pushed (tests/rtsp_server.py)
     proc: subprocess.Popen[str] | None = None
 
     def __post_init__(self) -> None:
@@ -55,7 +56,8 @@ class RtspCamera:
         args = [SYSTEM_PYTHON, str(SERVER), str(self.port), str(self.frames), str(self.fps)]
         if self.user is not None and self.password is not None:
             args += [self.user, self.password]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env = {**os.environ, "RTSP_PUSH_LOG": str(self.push_log)} if self.push_log else None
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if line.strip() != "ready":

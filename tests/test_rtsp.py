@@ -1,7 +1,7 @@
 """RTSP cameras: edged against a real RTSP server (GStreamer's, tests/rtspcam.py) serving the sample video.
 A stream that freezes with its connection open turns status degraded within `stall_s` and recovers by
 itself; a camera that goes away is read again soon after it is back; a wrong path or password is said plainly
-(and the password is never shown)."""
+(and the password is never shown); a model slower than the camera gets the latest frame, not a backlog."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import StartDaemon, base_config, make_tiny_model, wait_for, write_config
+import stripes
+from conftest import Broker, StartDaemon, Subscribe, base_config, make_tiny_model, wait_for, write_config
 from rtspcam import RtspCamera
 
 
@@ -89,5 +90,36 @@ def test_wrong_path_and_wrong_password_are_said_plainly(tmp_path: Path, start_da
         good.mkdir()
         daemon = start_daemon(config(good, cam.url("/cam", "edged", "right-secret")))
         wait_for(lambda: frames(daemon.status()) >= 10, 60, "frames with the right password")
+    finally:
+        cam.stop()
+
+
+@pytest.mark.integration
+def test_a_model_slower_than_the_camera_gets_the_latest_frame_not_a_backlog(
+    tmp_path: Path, broker: Broker, subscribe: Subscribe, start_daemon: StartDaemon
+) -> None:
+    """The camera sends 25 frames/s, the model takes several frame times. Each frame says its number
+    (tests/stripes.py) and the server logs when it sent it, so each result's capture time (`ts`) is set
+    against the stream's own clock. A reader that takes the next frame from the decoder's buffer falls
+    further behind with every frame (benchmarks/rtsp_latency.py: seconds behind after 10 s); edged reads
+    continuously and keeps only the latest, so what it captures stays fresh."""
+    push_log = tmp_path / "pushes.log"
+    cam = RtspCamera(tmp_path / "cam", fps=25, push_log=push_log)
+    stripes.write_frames(cam.frames)
+    cam.start()
+    try:
+        model = stripes.make_model(tmp_path / "stripes.onnx", upscale=1024)  # ~0.1 s a run: 2-3 frame times
+        cfg = base_config(tmp_path, model, cam.url(), broker=broker, stop_at_end=False)
+        cfg["pipelines"][0]["postprocess"] = {"type": "raw", "max_values": stripes.MODEL_W}
+        sub = subscribe(broker, f"edged/{cfg['device_id']}/+/results")
+        start_daemon(write_config(tmp_path / "edged.yaml", cfg))
+        results = wait_for(lambda: (r := sub.results()) and len(r) >= 80 and r, 120, "80 results")
+        captured = [(stripes.frame_number(r["result"]["outputs"][0]["values"]), float(r["ts"])) for r in results]
+        lags = [lag_ms for _, lag_ms in stripes.PushClock(push_log).latencies(captured)]
+        assert len(lags) >= 70, "results whose frame the server never sent: the numbers were misread"
+        late = sorted(lags[-20:])
+        # a reader behind the decoder's buffer would be seconds behind here (frames keep coming 2-3x as fast
+        # as they are used); the bound is generous for a loaded machine
+        assert late[len(late) // 2] < 1500, f"captured frames lag the stream: {late}"
     finally:
         cam.stop()
