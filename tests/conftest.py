@@ -27,6 +27,8 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 from paho.mqtt.enums import CallbackAPIVersion
 from pgserver import PgServer, make_server
+from reasons_seen import SEEN as REASONS_SEEN
+from reasons_seen import install as record_reasons
 
 from edged.core.signing import generate_key, load_private_key
 from edged.fleet.send import BrokerOptions, FleetClient, new_command
@@ -35,6 +37,7 @@ from edged.model.preprocess import PreprocessSpec
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))  # tests import the repository's scripts (config_table, ...)
 ASSETS = REPO / "edged" / "assets"
+record_reasons()  # before the test modules import query: every reasons line seen is held to the catalog
 
 
 def free_port() -> int:
@@ -457,3 +460,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """EDGED_REASONS_SEEN=FILE: write every reasons line the session saw (tests/reasons_seen.py)."""
+    out = os.environ.get("EDGED_REASONS_SEEN")
+    if out:
+        Path(out).write_text("".join(f"{line}\n" for line in sorted(REASONS_SEEN)), encoding="utf-8")

@@ -204,7 +204,7 @@ class CameraSource(Source):
                         return
                     if self.cfg.loop and frames:
                         continue  # start the file again at once
-                why = "end of file" if outcome == "end" else self._read_failure(frames)
+                why = "end of file" if outcome == "end" else self._read_failure()
                 failures_logged = self._note_failure(f"{why} after {frames} frames", failures_logged)
                 self._halt.wait(backoff.next_delay())
         finally:
@@ -232,12 +232,12 @@ class CameraSource(Source):
             return None, "cannot open (device busy or gone, or unsupported format)"
         return cap, ""
 
-    def _read_failure(self, frames: int) -> str:
+    def _read_failure(self) -> str:
         """Why the read loop ended on a live source: a stall (no frame for stall_s), or a read error."""
         gap = time.monotonic() - self._last_frame_mono
         if self.kind == "stream" and gap >= self.cfg.stall_s * 0.9:
-            return f"stalled: no frame for {gap:.1f} s after {frames} frames"
-        return f"read failed after {frames} frames"
+            return f"stalled: no frame for {gap:.1f} s"
+        return "read failed"
 
     def _frame(self, image: npt.NDArray[np.uint8], index: int, ts: float) -> Frame:
         if self._prepare is None:
