@@ -155,7 +155,7 @@ print(m.group(1) if m else "NO")')
   if [ "$platform" = jetson ] && [ "$gpu_check" -eq 1 ]; then
     case " $providers " in
       *" TensorrtExecutionProvider "*|*" CUDAExecutionProvider "*) ;;
-      *) die "this is a Jetson, but onnxruntime offers no CUDA or TensorRT provider: install NVIDIA's onnxruntime-gpu wheel for your JetPack system-wide (README, Supported platforms), then run this again (or --no-gpu-check to build an image elsewhere)" ;;
+      *) die "this is a Jetson, but onnxruntime offers no CUDA or TensorRT provider: install NVIDIA's onnxruntime-gpu wheel for your JetPack system-wide (docs/getting-started.md, Supported platforms), then run this again (or --no-gpu-check to build an image elsewhere)" ;;
     esac
   fi
 }

@@ -18,7 +18,7 @@ log = logging.getLogger("edged")
 TOOLS = ("inspect", "quantize", "validate", "bench", "budget", "record")
 FLEET = {"ingest": "run_ingest_command", "fleet": "run_fleet_command"}
 
-# Every command's exit status, shown at the end of its --help (and in the README's command table). Any
+# Every command's exit status, shown at the end of its --help (and in docs/getting-started.md's command table). Any
 # command exits 1 on an error it can name (a line on stderr says what; never a traceback) and 2 on a
 # command line argparse refuses.
 EXITS = {
@@ -212,7 +212,7 @@ def _fleet_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
         description="Send one signed command and print the devices' answers as JSON, by device.",
     )
     send.add_argument(
-        "cmd", choices=["status", "reload", "config", "record", "model"], help="the command (README: Fleet, commands)"
+        "cmd", choices=["status", "reload", "config", "record", "model"], help="the command (docs/fleet.md)"
     )
     to = send.add_mutually_exclusive_group(required=True)
     to.add_argument("--device", help="one device id")
@@ -287,7 +287,7 @@ def _quantize_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     q.add_argument("-o", "--output", type=Path, required=True, help="the int8 .onnx to write (not the input)")
     q.add_argument("--calib", type=Path, required=True, help="folder of images, video file, or .npz of frames")
     q.add_argument("--calib-limit", type=int, default=256, help="use at most this many frames (default 256)")
-    q.add_argument("--recipe", help="a fixed recipe by name (no search); see the README's toolchain section")
+    q.add_argument("--recipe", help="a fixed recipe by name (no search); see docs/models.md")
     q.add_argument(
         "--target",
         choices=("auto", "cpu", "tensorrt"),

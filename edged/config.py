@@ -61,7 +61,7 @@ class StatusConfig(Strict):
 
 
 class MetricsConfig(Strict):
-    """Prometheus metrics (README: Metrics). Neither key set: off."""
+    """Prometheus metrics (docs/home-assistant-and-metrics.md). Neither key set: off."""
 
     listen: str | None = Field(
         None,
@@ -106,7 +106,7 @@ class Config(Strict):
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     spool: SpoolConfig = Field(default_factory=SpoolConfig)
     control: ControlConfig | None = Field(
-        None, description="Remote control over MQTT with signed commands (README: Fleet). Absent: off."
+        None, description="Remote control over MQTT with signed commands (docs/fleet.md). Absent: off."
     )
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     homeassistant: HomeAssistantConfig = Field(default_factory=HomeAssistantConfig)
@@ -293,7 +293,7 @@ def _message(err: Any) -> str:
     kind = err["type"]
     msg = str(err["msg"])
     if kind == "extra_forbidden":
-        return "unknown key; check the spelling against the config reference in README.md"
+        return "unknown key; check the spelling against the config reference in docs/configuration.md"
     if kind == "missing":
         return "required key is missing"
     if kind == "union_tag_invalid":

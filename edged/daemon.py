@@ -442,7 +442,7 @@ class Daemon:
         return out
 
     def snapshot(self) -> dict[str, Any]:
-        """The status JSON (the contract in the README, Status; other programs read it)."""
+        """The status JSON (the contract in docs/status.md; other programs read it)."""
         spool = self.spool.stats() if self.spool is not None else {}
         reasons = self.reasons(spool) if self.state == "running" else []
         pipelines = []

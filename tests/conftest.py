@@ -463,7 +463,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """EDGED_REASONS_SEEN=FILE: write every reasons line the session saw (tests/reasons_seen.py)."""
+    """Every reasons line the session saw must be one docs/status.md explains (edged/ops/reasons.py): a new
+    line in the code without a catalog entry fails the run. EDGED_REASONS_SEEN=FILE writes them all."""
+    from edged.ops.reasons import explain
+
     out = os.environ.get("EDGED_REASONS_SEEN")
     if out:
         Path(out).write_text("".join(f"{line}\n" for line in sorted(REASONS_SEEN)), encoding="utf-8")
+    unknown = sorted(line for line in REASONS_SEEN if explain(line) is None)
+    if unknown:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("reasons lines docs/status.md does not explain (add them to edged/ops/reasons.py):")
+            for line in unknown:
+                reporter.write_line(f"  {line}")
+        if exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -57,7 +57,7 @@ def test_unknown_key_names_file_line_key_and_value(tmp_path: Path, tiny_model: P
     path = write(tmp_path, body, tiny_model)
     assert problems(path) == [
         f"{path}:7 pipelines[0].postproces="
-        '{"type": "raw"}: unknown key; check the spelling against the config reference in README.md'
+        '{"type": "raw"}: unknown key; check the spelling against the config reference in docs/configuration.md'
     ]
 
 

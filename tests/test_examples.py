@@ -1,4 +1,4 @@
-"""Every example config (deploy/*.yaml and the README's YAML blocks) goes through `edged check-config`
+"""Every example config (deploy/*.yaml and the YAML blocks of the README and docs/) goes through `edged check-config`
 and `edged run`, and the two must agree: what check-config passes, run starts (READY: the status socket
 answers); what check-config refuses, run refuses with the same problem, before it opens a device.
 
@@ -28,8 +28,10 @@ pytestmark = pytest.mark.integration
 
 def examples() -> list[tuple[str, dict[str, Any]]]:
     found = [(p.name, yaml.safe_load(p.read_text(encoding="utf-8"))) for p in sorted((REPO / "deploy").glob("*.yaml"))]
-    blocks = re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(encoding="utf-8"), re.DOTALL)
-    found += [(f"README.md yaml block {i}", load(b, "README.md")[0]) for i, b in enumerate(blocks, 1)]  # as edged reads
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        name = str(page.relative_to(REPO))
+        blocks = re.findall(r"```yaml\n(.*?)```", page.read_text(encoding="utf-8"), re.DOTALL)
+        found += [(f"{name} yaml block {i}", load(b, name)[0]) for i, b in enumerate(blocks, 1)]  # as edged reads
     return [(name, data) for name, data in found if isinstance(data, dict) and "pipelines" in data]
 
 
@@ -75,6 +77,7 @@ def test_the_examples_are_found() -> None:
     names = [name for name, _ in examples()]
     assert {"edged.pi.yaml", "edged.jetson.yaml", "edged.sensor.yaml", "edged.pi-libcamera.yaml"} <= set(names)
     assert any(name.startswith("README.md") for name in names)
+    assert any(name.startswith("docs/configuration.md") for name in names)
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "deploy").glob("*.yaml")), ids=lambda p: p.name)

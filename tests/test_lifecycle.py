@@ -76,8 +76,8 @@ def test_the_unit_as_shipped_gets_the_security_rating_the_readme_states(tmp_path
     (level, verdict), (gpu_level, gpu_verdict) = exposure(Path(plain)), exposure(jetson)
     assert (verdict, gpu_verdict) == ("OK", "OK")
     assert max(level, gpu_level) <= 2.0
-    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
-    assert f'rates the unit as shipped {level} "OK", {gpu_level} with the Jetson GPU drop-in' in readme
+    page = " ".join((REPO / "docs" / "getting-started.md").read_text(encoding="utf-8").split())
+    assert f'rates the unit as shipped {level} "OK", {gpu_level} with the Jetson GPU drop-in' in page
 
 
 def test_unit_has_the_settings_operators_rely_on() -> None:

@@ -1,5 +1,5 @@
 """A third-party decoder, installed the way a package installs one (an `edged.postprocessors` entry point),
-is found, configured, checked and run by edged. The plugin is the README's own example, taken from it."""
+is found, configured, checked and run by edged. The plugin is docs/models.md's own example, taken from it."""
 
 from __future__ import annotations
 
@@ -15,18 +15,18 @@ REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "edged" / "assets" / "digits.int8.onnx"
 
 
-def readme_plugin() -> str:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+def docs_plugin() -> str:
+    text = (REPO / "docs" / "models.md").read_text(encoding="utf-8")
     found = re.search(
         r"<!-- plugin-example: start -->\n```python\n(.*?)```\n<!-- plugin-example: end -->", text, re.DOTALL
     )
-    assert found, "the README's plugin example is missing its markers"
+    assert found, "docs/models.md's plugin example is missing its markers"
     return found.group(1)
 
 
 def install_plugin(site: Path) -> None:
     """What `pip install` of a package declaring `alarm = "edged_alarm"` leaves on the path."""
-    (site / "edged_alarm.py").write_text(readme_plugin(), encoding="utf-8")
+    (site / "edged_alarm.py").write_text(docs_plugin(), encoding="utf-8")
     info = site / "edged_alarm-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: edged-alarm\nVersion: 0.1\n", encoding="utf-8")

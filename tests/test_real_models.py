@@ -1,5 +1,5 @@
 """Decoders against real pretrained models and their own packages' decode (tests/reference_decodes.py):
-recall and precision >= 0.95 at IoU 0.5, same label (the issue's bar); the figures are in the README
+recall and precision >= 0.95 at IoU 0.5, same label (the issue's bar); the figures are in docs/models.md
 (benchmarks/decoders.py)."""
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ class Registry(Generic[F]):
 
     def ordered_keys(self) -> list[str]:
         """The type keys, built-in parts first in the order their modules are listed (a stable schema and
-        README whatever the import order was), then the others as they registered."""
+        docs whatever the import order was), then the others as they registered."""
         rank = {module: i for i, module in enumerate(self.builtins)}
         return sorted(self.configs, key=lambda k: rank.get(self.factories[k].__module__, len(rank)))
 

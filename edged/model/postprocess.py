@@ -74,7 +74,7 @@ class PostprocessorFactory(Protocol):
 
 
 # type key -> (config model, factory); each postprocessor registers itself in its own module; third-party
-# decoders come in through the `edged.postprocessors` entry point (README: "Your own decoder")
+# decoders come in through the `edged.postprocessors` entry point (docs/models.md: "Your own decoder")
 POSTPROCESSORS: Registry[PostprocessorFactory] = Registry(
     "postprocessor",
     "type",

@@ -29,7 +29,7 @@ class ModelConfig(Strict):
         False, description="Fail at startup instead of warning when the first provider is not used."
     )
     threads: int = Field(
-        0, ge=0, description="intra_op threads per model run; 0 = auto (see concurrency and the README)."
+        0, ge=0, description="intra_op threads per model run; 0 = auto (see concurrency and docs/models.md)."
     )
     concurrency: int = Field(
         0,

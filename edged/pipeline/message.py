@@ -1,4 +1,4 @@
-"""The result message (the contract in the README, Messages; version MESSAGE_VERSION) one published result becomes."""
+"""The result message (the contract in docs/mqtt.md; version MESSAGE_VERSION) one published result becomes."""
 
 from __future__ import annotations
 

@@ -164,7 +164,7 @@ def dry_run(
         shapes = ", ".join(f"{n} {list(np.shape(o))}" for n, o in zip(loaded.output_names, outputs, strict=True))
         return "postprocess", (
             f"postprocess {cfg.postprocess.type} cannot read this model's outputs ({shapes}): {exc}; "
-            "pick the postprocess type of the model's family (see the README's decoders), or raw"
+            "pick the postprocess type of the model's family (see docs/models.md's decoders), or raw"
         )
     return None
 

@@ -75,7 +75,7 @@ class PipelineConfig(Strict):
     )
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     secondary: list[SecondaryConfig] = Field(
-        default_factory=list, description="Models run on the crops of selected detections (see README)."
+        default_factory=list, description="Models run on the crops of selected detections (see docs/models.md)."
     )
     publish: PublishConfig = Field(default_factory=EveryConfig)
     snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)

@@ -551,7 +551,7 @@ class Spool:
         msg = f"spool write failed: {exc} (disk full or read-only?); retrying, results are kept in memory"
         with self._cond:
             first = self._write_error is None
-            self._write_error = str(exc)
+            self._write_error = msg
         if first:
             log.error("%s", msg)
 

@@ -637,7 +637,7 @@ def _check_runs(path: Path, input_name: str, sample: Tensor) -> None:
 
 def describe_candidate(row: dict[str, Any]) -> str:
     """One candidate of the search in a few words: its speed-up, and the gate it failed or why it could not
-    be made (the benchmarks' and the README's lists)."""
+    be made (the benchmarks' and docs/models.md's lists)."""
     if row["speedup"] is None:
         return f"{row['recipe']} ({row['why']})"
     return f"{row['recipe']} {row['speedup']:.2f}x" + ("" if row["passed"] else f" (fails: {row['why']})")

@@ -1,4 +1,4 @@
-"""The README's configuration table is generated from the schema (scripts/config_table.py): documented
+"""docs/configuration.md's table is generated from the schema (scripts/config_table.py): documented
 defaults cannot drift (`spool.batch_max`/`batch_ms` were documented as 32/200 while they were 128/1000)."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from conftest import REPO
 from edged.config import Config
 
 
-def test_the_readme_table_is_the_one_the_schema_generates() -> None:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    assert config_table.readme_with_table(text) == text, "run scripts/config_table.py and commit README.md"
+def test_the_docs_table_is_the_one_the_schema_generates() -> None:
+    text = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert config_table.page_with_table(text) == text, "run scripts/config_table.py and commit docs/configuration.md"
 
 
 def test_the_table_shows_the_schemas_defaults_and_every_registered_part() -> None:
@@ -33,11 +33,11 @@ def test_the_table_shows_the_schemas_defaults_and_every_registered_part() -> Non
 
 
 @pytest.mark.integration
-def test_check_mode_fails_on_a_stale_readme_and_the_rewrite_mends_it(tmp_path: Path) -> None:
-    stale = tmp_path / "README.md"
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+def test_check_mode_fails_on_a_stale_page_and_the_rewrite_mends_it(tmp_path: Path) -> None:
+    stale = tmp_path / "configuration.md"
+    text = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
     stale.write_text(text.replace("| `spool.batch_max` | `128` |", "| `spool.batch_max` | `32` |"), encoding="utf-8")
-    script = [sys.executable, str(REPO / "scripts" / "config_table.py"), "--readme", str(stale)]
+    script = [sys.executable, str(REPO / "scripts" / "config_table.py"), "--page", str(stale)]
     checked = subprocess.run([*script, "--check"], capture_output=True, text=True, check=False)
     assert checked.returncode == 1
     assert "differs from the schema" in checked.stdout

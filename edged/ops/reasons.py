@@ -1,0 +1,286 @@
+"""Every line `edged status` can give as a reason for `degraded`: its shape, what it means, what to do.
+
+docs/status.md's troubleshooting table is generated from this list (scripts/reasons_table.py), and the test
+suite holds it to the code: every reasons line any test sees must match one entry (tests/reasons_seen.py).
+A new reason line in the code without an entry here fails the suite, so the page cannot fall behind.
+
+`pattern` is a regular expression over the whole line; `example` is a real line of that shape and must match
+it. Free text from elsewhere (an OpenCV or SQLite error, a broker's reason string) is matched as `.+`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_P = r"pipeline \S+ "  # every pipeline reason starts with its name
+_SRC = _P + r"reconnecting: .+?: "  # then the source (a stream's address without its password)
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One shape of reasons line."""
+
+    topic: str  # the group in the table: source, model, thread, broker, spool
+    pattern: str
+    example: str
+    means: str
+    action: str
+
+    def matches(self, line: str) -> bool:
+        """Whether `line` has this shape."""
+        return re.fullmatch(self.pattern, line) is not None
+
+
+CATALOG: tuple[Reason, ...] = (
+    Reason(
+        "source",
+        _SRC + r"stalled: no frame for [\d.]+ s after \d+ frames",
+        "pipeline cam0 reconnecting: rtsp://cam.local/stream: stalled: no frame for 5.0 s after 1234 frames",
+        "A stream stopped sending frames with its connection open (the camera hangs, a switch drops packets); "
+        "edged reopens it.",
+        "Check the camera and the network between; `source.stall_s` sets how long a silence is a stall.",
+    ),
+    Reason(
+        "source",
+        _SRC + r"cannot open: the camera at \S+ has no stream at \S* \(404 Not Found\): check the path",
+        "pipeline cam0 reconnecting: rtsp://cam.local/stream2: cannot open: the camera at cam.local:554 has no "
+        "stream at /stream2 (404 Not Found): check the path",
+        "The camera answers but has no stream at that path.",
+        "Fix the path in `source.uri` (the camera's manual or its web page names it); `edged check-config`.",
+    ),
+    Reason(
+        "source",
+        _SRC + r"cannot open: the camera at \S+ refused (the user name or password in the URL|no user name and "
+        r"password) \(401 Unauthorized\)",
+        "pipeline cam0 reconnecting: rtsp://admin:***@cam.local/stream: cannot open: the camera at cam.local:554 "
+        "refused the user name or password in the URL (401 Unauthorized)",
+        "The camera wants a user name and password, or refused the ones in the URL.",
+        "Put `user:password@` in `source.uri` (URL-encode special characters); the password is shown as `***`.",
+    ),
+    Reason(
+        "source",
+        _SRC + r"cannot open: (nothing listens on \S+ \(connection refused\)|no RTSP answer from \S+ within [\d.]+ s|"
+        r"cannot reach \S+: .+|\S+ did not answer RTSP|the camera at \S+ answered \d+ to a DESCRIBE of \S*)",
+        "pipeline cam0 reconnecting: rtsp://cam.local/stream: cannot open: nothing listens on cam.local:554 "
+        "(connection refused)",
+        "The camera is off, unreachable, or not an RTSP server at that port; edged keeps trying "
+        "(at most `source.reconnect_max_s` apart).",
+        "Check the camera's power, address and port (`ping`, the camera's web page); nothing to do if it is "
+        "merely rebooting.",
+    ),
+    Reason(
+        "source",
+        _SRC + r"cannot open: the stream did not open",
+        "pipeline cam0 reconnecting: rtsp://cam.local/stream: cannot open: the stream did not open",
+        "The camera accepted the request but OpenCV could not read the stream (codec or transport).",
+        "Try the URL with `ffplay`; choose an H.264 or MJPEG stream on the camera.",
+    ),
+    Reason(
+        "source",
+        _SRC + r"cannot open \(device busy or gone, or unsupported format\)",
+        "pipeline cam0 reconnecting: /dev/video0: cannot open (device busy or gone, or unsupported format)",
+        "A camera device is missing, in use by another program, or cannot give the format asked.",
+        "`ls /dev/video*`; stop whatever else uses it (`fuser /dev/video0`); the user `edged` must be in group "
+        "`video`.",
+    ),
+    Reason(
+        "source",
+        _SRC + r"file not found",
+        "pipeline cam0 reconnecting: /data/clip.mp4: file not found",
+        "A video file that was there at start is gone.",
+        "Put the file back or fix `source.uri`.",
+    ),
+    Reason(
+        "source",
+        _SRC + r"this OpenCV build has no GStreamer support: .+",
+        "pipeline cam0 reconnecting: libcamerasrc ! ... ! appsink: this OpenCV build has no GStreamer support: "
+        "install the distribution's python3-opencv ...",
+        "A GStreamer pipeline as the source needs an OpenCV built with GStreamer; PyPI's is not.",
+        "Do what the line says (JetPack's or Pi OS's python3-opencv, a venv with --system-site-packages), or "
+        "use `/dev/videoN`.",
+    ),
+    Reason(
+        "source",
+        _SRC + r"(end of file|read failed|input ended|read failed: .+|command exited with status -?\d+)"
+        r"( after \d+ frames)?",
+        "pipeline cam0 reconnecting: /dev/video0: read failed after 5120 frames",
+        "The source ended or a read failed (a camera unplugged, a sensor command that exited); edged reopens it.",
+        "Look at the device or the command (`journalctl -u edged` has the first failures); a video file that "
+        "should repeat wants `source.loop: true`.",
+    ),
+    Reason(
+        "source",
+        _SRC + r"cannot open: .+",
+        "pipeline vib reconnecting: /run/vib.fifo: cannot open: [Errno 2] No such file or directory: '/run/vib.fifo'",
+        "The source could not be opened; the detail is the system's or OpenCV's own words.",
+        "Act on the detail: a path that does not exist, a permission, a device in use.",
+    ),
+    Reason(
+        "source",
+        _P + r"waiting: waiting for data(: no samples for [\d.]+ s)?",
+        "pipeline vib waiting: waiting for data: no samples for 10 s",
+        "A sensor source is open but sends nothing (the feed stopped or has not started).",
+        "Start the feed or check the program that writes it; `source.stall_s` sets how long a silence is allowed.",
+    ),
+    Reason(
+        "model",
+        _P + r"failed: (inference failed|storing the result failed): .+",
+        "pipeline cam0 failed: inference failed: [ONNXRuntimeError] : 2 : INVALID_ARGUMENT : ...",
+        "The model run (or storing its result) raised; this pipeline stopped, the others go on.",
+        "Check the model against the config with `edged check-config`; fix and `systemctl reload edged` (or restart).",
+    ),
+    Reason(
+        "thread",
+        _P + r"failed: (source thread|inference worker) died: .+",
+        "pipeline cam0 failed: source thread died: ValueError: ...",
+        "A thread of the pipeline ended on an error edged did not expect: a bug.",
+        "Restart edged (`systemctl restart edged`); please report it with the log (`journalctl -u edged`).",
+    ),
+    Reason(
+        "thread",
+        r"thread \S+ died(: .+)?",
+        "thread edged-mqtt died: RuntimeError: ...",
+        "One of the daemon's threads ended; what it did (publishing, status, reload, control) has stopped.",
+        "Restart edged; please report it with the log.",
+    ),
+    Reason(
+        "broker",
+        r"broker not connected",
+        "broker not connected",
+        "edged has not reached the broker yet; results wait in the spool.",
+        "Wait a few seconds after a start; if it stays, see the lines below for why.",
+    ),
+    Reason(
+        "broker",
+        r"broker not connected: cannot connect to \S+: .+",
+        "broker not connected: cannot connect to broker.local:8883: [Errno 111] Connection refused",
+        "The broker is not reachable (down, wrong host or port, a firewall, TLS mismatch); results wait in the "
+        "spool and go out when it answers.",
+        "Check `mqtt.host`, `mqtt.port` and `mqtt.tls` against the broker; `mosquitto_sub -h HOST -p PORT -t '#'` "
+        "from the device.",
+    ),
+    Reason(
+        "broker",
+        r"broker not connected: broker \S+ refused the connection: .+",
+        "broker not connected: broker broker.local:1883 refused the connection: the broker refused the user "
+        "name or password (mqtt.username, mqtt.password_file): Bad user name or password (0x86)",
+        "The broker answered and said no, with its reason code (bad credentials, not authorized, client id "
+        "refused, an MQTT version it does not speak).",
+        'Do what the line says: credentials, the broker\'s ACL, `mqtt.client_id`, or `mqtt.protocol: "3.1.1"`.',
+    ),
+    Reason(
+        "broker",
+        r"broker not connected: (broker \S+ closed the connection before its CONNACK|no CONNACK from \S+ within "
+        r"[\d.]+ s)",
+        "broker not connected: no CONNACK from broker.local:1883 within 10 s",
+        "The connection opened but the broker did not accept it (overloaded, or not an MQTT broker, or TLS expected).",
+        "Check the broker's log; TLS on the port wants `mqtt.tls`.",
+    ),
+    Reason(
+        "broker",
+        r"broker not connected: disconnected from \S+: .+",
+        "broker not connected: disconnected from broker.local:1883: another client with client id 'pi-01' took "
+        "the session (two devices with one device_id or mqtt.client_id?): Session taken over (0x8E)",
+        "The broker closed the connection, with its reason (a takeover, a limit exceeded, the broker shutting "
+        "down); edged reconnects.",
+        "A takeover: give each device its own `device_id`. A limit: the line names it. Otherwise see the broker's log.",
+    ),
+    Reason(
+        "broker",
+        r"broker not connected: (the broker closed the connection over this message: .+|broker refused the "
+        r"message: .+|cannot publish to .+|a result of \d+ bytes .+)",
+        "broker not connected: the broker closed the connection over this message: Unspecified error",
+        "The broker refused or dropped the connection over one result; after `mqtt.dead_letter_after` refusals "
+        "it is set aside as a dead letter and the others go on.",
+        "See the next lines and the broker's log (an ACL on the topic, a size limit).",
+    ),
+    Reason(
+        "broker",
+        r"the broker closed the connection \d+ times within \d+ s, each soon after accepting it: another client "
+        r"with client id .+ may be taking the session .+",
+        "the broker closed the connection 3 times within 60 s, each soon after accepting it: another client with "
+        "client id 'pi-01' may be taking the session (two devices with one device_id?)",
+        "A broker that does not give a reason (Mosquitto 2.0) keeps closing the connection at once: most likely "
+        "two devices use one client id.",
+        "Give each device its own `device_id` (or `mqtt.client_id`).",
+    ),
+    Reason(
+        "broker",
+        r"the broker grants QoS \d at most \(CONNACK Maximum QoS\): results need QoS \d acknowledgements, so they "
+        r"stay in the spool",
+        "the broker grants QoS 0 at most (CONNACK Maximum QoS): results need QoS 1 acknowledgements, so they stay "
+        "in the spool",
+        "The broker cannot acknowledge messages, so edged cannot know any result arrived: nothing is sent.",
+        "Allow QoS 1 on the broker (`max_qos` in mosquitto.conf), or use another broker.",
+    ),
+    Reason(
+        "broker",
+        r"the broker does not keep retained messages \(CONNACK Retain Available 0\): .+",
+        "the broker does not keep retained messages (CONNACK Retain Available 0): the availability topic and "
+        "Home Assistant discovery are sent without retain",
+        "Results flow, but a subscriber that connects later does not see `online` or the discovery messages.",
+        "Enable retained messages on the broker (`retain_available true`).",
+    ),
+    Reason(
+        "spool",
+        r"\d+ result\(s\) dropped in the last \d+ s \(see spool\.dropped_by_reason\)",
+        "12 result(s) dropped in the last 60 s (see spool.dropped_by_reason)",
+        "Results were lost on purpose: the spool was full (`full_evicted_oldest`, `full_rejected_newest`) or "
+        "results outlived `spool.max_age` (`expired`).",
+        "Bring the broker back, or give the spool more room (`spool.max_bytes`, `spool.max_age`); "
+        "`edged status --json` has the counts by reason.",
+    ),
+    Reason(
+        "spool",
+        r"\d+ result\(s\) set aside as dead letters in the last \d+ s: .+",
+        "1 result(s) set aside as dead letters in the last 60 s: a result of 612 bytes (as an MQTT packet) is "
+        "larger than the broker's Maximum Packet Size of 300 bytes (CONNACK); it can never be sent",
+        "The broker refused these results for good (too large, a topic it forbids); they stay in the spool's "
+        "dead-letter table, the others flow.",
+        "Fix what the line names (the broker's limit, its ACL, a smaller snapshot); the dead letters are in "
+        "`spool.db`'s `dead_letters` table.",
+    ),
+    Reason(
+        "spool",
+        r"unclean stop: \d+ seq\(s\) uncertain \(.+; see spool\.seq_gaps\)",
+        "unclean stop: 8 seq(s) uncertain (cam0 1040..1047; see spool.seq_gaps)",
+        "edged did not stop cleanly (power cut, kill -9): each seq in the range was delivered before the stop, "
+        "lost with it, or never used. Shown for a minute; the gap is also published on the `gaps` topic.",
+        "Nothing, unless power cuts are frequent: then check the supply. See store-and-forward.md, *Durability*.",
+    ),
+    Reason(
+        "spool",
+        r"the broker acknowledged nothing for \d+ s with \d+ results waiting",
+        "the broker acknowledged nothing for 45 s with 310 results waiting",
+        "Connected, but no PUBACK comes back: the broker is overloaded or stuck.",
+        "Check the broker (its log, its load); restarting it is safe, the results wait in the spool.",
+    ),
+    Reason(
+        "spool",
+        r"spool write failed: .+ \(disk full or read-only\?\); retrying, results are kept in memory",
+        "spool write failed: database or disk is full (disk full or read-only?); retrying, results are kept in memory",
+        "The spool cannot write: the disk is full or read-only. Results wait in memory and then frames are "
+        "dropped (counted); all resumes when space returns.",
+        "Free space on the state_dir's filesystem (`df -h /var/lib/edged`); check for a read-only remount (`dmesg`).",
+    ),
+    Reason(
+        "spool",
+        r"cannot persist the seq lease: .+",
+        "cannot persist the seq lease: No space left on device",
+        "edged cannot record which seqs it has handed out, so new results wait: a full or read-only disk.",
+        "As for a spool write failure: free space, check the filesystem.",
+    ),
+    Reason(
+        "spool",
+        r"spool damaged \(.+\); restart edged to move it aside",
+        "spool damaged (database disk image is malformed); restart edged to move it aside",
+        "The spool's integrity check failed (a bad SD card, a filesystem that lied about fsync).",
+        "Restart edged: the damaged file is kept beside a new one for inspection. Check the card (`dmesg`).",
+    ),
+)
+
+
+def explain(line: str) -> Reason | None:
+    """The catalog's entry for a reasons line (the first whose pattern matches), None if there is none."""
+    return next((reason for reason in CATALOG if reason.matches(line)), None)
