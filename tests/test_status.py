@@ -19,7 +19,7 @@ from edged.core.errors import StatusError
 from edged.core.stats import MqttStats
 from edged.daemon import Daemon
 from edged.ops.status import StatusServer, exit_code, query
-from edged.ops.statusview import render
+from edged.ops.statusview import duration, render
 
 
 def test_server_answers_with_a_snapshot_and_is_not_world_writable(tmp_path: Path) -> None:
@@ -184,6 +184,12 @@ def test_exit_codes_and_table_render(capsys: pytest.CaptureFixture[str]) -> None
     assert "no motion 40 (frames not run)" in out
     assert "tracks 2  events 9 (3/min)" in out
     assert "\x1b[" not in out  # no colour codes off a TTY
+    assert "up 12 s" in out
+
+
+def test_durations_read_as_a_person_says_them() -> None:
+    spans = [0, 42.4, 245, 11_520, 187_200]
+    assert [duration(s) for s in spans] == ["0 s", "42 s", "4 min 5 s", "3 h 12 min", "2 d 4 h"]
 
 
 def test_every_line_fits_80_columns_with_long_names_errors_and_notes(

@@ -21,14 +21,29 @@ from edged.core.errors import StatusError
 from edged.ops.status import EXIT_NOT_RUNNING, exit_code, query
 
 
+def duration(seconds: float) -> str:
+    """A span as a person reads it: `42 s`, `4 min 5 s`, `3 h 12 min`, `2 d 4 h` (two units at most)."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
+
+
 def _age(ts: float | None) -> str:
     if not ts:
         return "never"
-    return f"{max(0.0, time.time() - ts):.0f} s ago"
+    return f"{duration(time.time() - ts)} ago"
 
 
 def _mib(n: float | None) -> str:
-    return "?" if n is None else f"{n / 2**20:.1f} MiB"
+    """A size in MiB, or in GiB from 10 GiB up (a disk's free space)."""
+    if n is None:
+        return "?"
+    return f"{n / 2**30:.1f} GiB" if n >= 10 * 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def _ms(lat: dict[str, Any]) -> str:
@@ -96,7 +111,7 @@ def _spool(spool: dict[str, Any]) -> list[Any]:
     lines = [
         _line(
             f"spool  depth {spool.get('depth', 0)}  {_mib(spool.get('bytes', 0))} of {_mib(spool.get('max_bytes'))}"
-            f"  oldest {spool.get('oldest_age_s', 0):.0f} s"
+            f"  oldest {duration(spool.get('oldest_age_s') or 0)}"
         ),
         _line(f"       disk free {_mib(spool.get('disk_free_bytes'))}  dead letters {spool.get('dead_letters', 0)}"),
         _line(f"       dropped {dropped}"),
@@ -135,7 +150,7 @@ def build_view(snapshot: dict[str, Any]) -> Group:
     head = _line(
         "edged ",
         (str(state), style),
-        f"  up {snapshot.get('uptime_s', 0):.0f} s  v{snapshot.get('version', '?')}",
+        f"  up {duration(snapshot.get('uptime_s') or 0)}  v{snapshot.get('version', '?')}",
         f"  device {snapshot.get('device_id')}",
     )
     lines: list[Any] = [head]
