@@ -20,6 +20,7 @@ import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from edged.capture.base import SOURCES
+from edged.control.settings import ControlConfig
 from edged.core import configfile
 from edged.core.errors import ConfigError
 from edged.core.settings import NAME_PATTERN, Strict, from_config_dir
@@ -27,7 +28,6 @@ from edged.model.postprocess import POSTPROCESSORS
 from edged.pipeline.publish import PUBLISH_FILTERS
 from edged.pipeline.settings import PipelineConfig
 from edged.store.settings import SpoolConfig
-from edged.uplink.controlsettings import ControlConfig
 from edged.uplink.homeassistant import HomeAssistantConfig
 from edged.uplink.settings import MqttConfig
 

@@ -9,13 +9,14 @@ import select
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from edged import __version__
-from edged.config import Config
+from edged.config import Config, load_config
+from edged.control.controller import Controller
 from edged.core.durable import make_dirs
 from edged.core.errors import EdgedError, ModelError, ProviderError
 from edged.core.histogram import Histogram
@@ -24,7 +25,6 @@ from edged.core.threads import Supervised
 from edged.core.waker import Waker
 from edged.model import engines
 from edged.model.session import CPU, TENSORRT, select_providers, share_cores, usable_cores
-from edged.ops.control import Controller
 from edged.ops.metrics import MetricsServer, TextfileWriter, start_metrics
 from edged.ops.reload import Reloader
 from edged.ops.statelock import StateLock
@@ -64,8 +64,12 @@ class Daemon:
         config_path: Path | None = None,
         on_result: ResultHook | None = None,
         source_kwargs: dict[str, Any] | None = None,
+        candidate_check: Sequence[str] = (),
     ) -> None:
         self.config = config
+        # the command that judges a rollout's model in a child process (edged.tools.candidate, handed in by
+        # the CLI: the daemon never names a later stage); empty: rollouts are refused
+        self.candidate_check = list(candidate_check)
         self.reloader = Reloader(self, config_path)
         self.state = "starting"
         self.started = time.monotonic()
@@ -153,17 +157,18 @@ class Daemon:
             stats_topic=topic_for(cfg.mqtt.stats_topic, cfg.device_id),
             availability_topic=topic_for(cfg.mqtt.availability_topic, cfg.device_id),
         )
-        self.publisher.announce = lambda: discovery.messages(cfg.state_dir)
+        self.publisher.announce_on_connect(lambda: discovery.messages(cfg.state_dir))
 
     def _wire_control(self) -> None:
         """Remote control (off unless `control:` is configured) rides on the publisher's connection."""
         if self.config.control is None or self.publisher is None:
             return
-        self.controller = Controller(self.config.control, self.config.device_id, self.config.state_dir, self)
-        self.controller.outbox = self.publisher.side
-        self.publisher.control = self.controller
+        self.controller = Controller(
+            self.config.control, self.config.device_id, self.config.state_dir, target=self, outbox=self.publisher.side
+        )
+        self.publisher.listen(self.controller)  # the controller's command topics ride on the connection
 
-    # -- what the control plane asks of the daemon (edged/ops/control.py ControlTarget) -------------------
+    # -- what the control plane asks of the daemon (edged/control/controller.py ControlTarget) -------------------
 
     def reload_and_wait(self, timeout: float) -> dict[str, Any]:
         """Reload the config file now and wait for the outcome."""
@@ -172,6 +177,14 @@ class Daemon:
     def config_file(self) -> Path | None:
         """The config file this daemon runs from."""
         return self.reloader.config_path
+
+    def candidate_command(self) -> list[str]:
+        """The command that judges a rollout's model (SPEC.json is appended); empty when none was given."""
+        return self.candidate_check
+
+    def check_config(self, path: Path) -> object:
+        """Load a config file as check-config does (ConfigError with every problem when it is not valid)."""
+        return load_config(path)
 
     def frame_tap(self, pipeline: str | None) -> tuple[str, FrameTap]:
         """A pipeline's frame tap (the first pipeline's for None)."""

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from edged.config import find_status_socket, load_config
+from edged.control.remoteconfig import apply_remote_config
 from edged.core.errors import ConfigError
-from edged.ops.remoteconfig import apply_remote_config
 
 
 def write(tmp_path: Path, body: str, model: Path) -> Path:
@@ -175,7 +175,7 @@ def test_a_remote_config_change_keeps_the_operators_comments_and_layout(tmp_path
     path = write(tmp_path, body, tiny_model)
     before = path.read_text(encoding="utf-8")
     apply_remote_config(path, {"log_level": "debug", "pipelines": [{"name": "cam0", "source": {"fps": 10}}]},
-                        replace=False)  # fmt: skip
+                        replace=False, check=load_config)  # fmt: skip
     after = path.read_text(encoding="utf-8")
     # only the two values changed; the comment after the longer one keeps its column
     assert after == before.replace("log_level: info", "log_level: debug").replace("fps: 5}   #", "fps: 10}  #")

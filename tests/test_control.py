@@ -13,8 +13,8 @@ import pytest
 from conftest import Rig, Subscribe, ask, control_daemon, wait_for
 from paho.mqtt.enums import CallbackAPIVersion
 
+from edged.control.commands import command_topic, new_command
 from edged.core.signing import generate_key, load_private_key, sign
-from edged.fleet.send import command_topic, new_command
 
 pytestmark = pytest.mark.integration
 

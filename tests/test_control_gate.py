@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from edged.config import parse_config
+from edged.control.commands import command_topic, new_command
+from edged.control.gate import CommandGate
+from edged.control.settings import ControlConfig
 from edged.core.errors import CommandError, ConfigError
 from edged.core.signing import generate_key, load_private_key, sign
-from edged.fleet.send import command_topic, new_command
-from edged.uplink.commandgate import CommandGate
-from edged.uplink.controlsettings import ControlConfig
 
 
 @pytest.fixture

@@ -42,9 +42,9 @@ from conftest import (
 from powercut import CONTROL, PowerCutFS, mounted, unavailable
 
 from edged.config import load_config
+from edged.control.modelfetch import fetch_url
+from edged.control.remoteconfig import apply_remote_config
 from edged.core.durable import fsync_dir
-from edged.ops.modelfetch import fetch_url
-from edged.ops.remoteconfig import apply_remote_config
 
 pytestmark = [
     pytest.mark.skipif(bool(unavailable()), reason=f"no power-cut filesystem here: {unavailable()}"),
@@ -361,8 +361,10 @@ def test_a_remote_config_write_cut_at_every_step_leaves_the_old_config_or_the_ne
         if prev.exists():
             load_config(prev)
 
-    tried = cut_at_every_step(disk, prepare, lambda: apply_remote_config(path, {"log_level": "debug"}, replace=False),
-                              check)  # fmt: skip
+    change = {"log_level": "debug"}
+    tried = cut_at_every_step(
+        disk, prepare, lambda: apply_remote_config(path, change, replace=False, check=load_config), check
+    )
     assert tried >= 6  # writes and fsyncs of .prev and of the new file, the folder syncs
 
 
@@ -388,7 +390,9 @@ def test_a_rollout_model_swap_cut_at_every_step_leaves_a_model_that_loads(tmp_pa
 
     def swap() -> None:
         fetched = fetch_url(url, models, digest, max_bytes=10**7, timeout=10)
-        apply_remote_config(path, {"pipelines": [{"name": "cam0", "model": {"path": str(fetched)}}]}, replace=False)
+        apply_remote_config(
+            path, {"pipelines": [{"name": "cam0", "model": {"path": str(fetched)}}]}, replace=False, check=load_config
+        )
 
     def check(done: bool) -> None:
         cfg = load_config(path)

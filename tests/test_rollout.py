@@ -19,11 +19,11 @@ import pytest
 import yaml
 from conftest import DaemonProc, Rig, Subscribe, ask, control_daemon, make_tiny_model, wait_connected, wait_for
 
+from edged.control.modelfetch import ChunkCollector, fetch_url, write_chunks
+from edged.control.rolloutspec import CandidateSpec
 from edged.core.errors import CommandError
 from edged.core.signing import generate_key, load_private_key, sign_file_digest
 from edged.fleet.rollout import RolloutPlan, canary_count, run_rollout, serve_file
-from edged.ops.modelfetch import ChunkCollector, fetch_url, write_chunks
-from edged.ops.rolloutspec import CandidateSpec
 from edged.pipeline.frametap import save_frames
 from edged.tools.candidate import check_candidate
 

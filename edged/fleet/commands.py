@@ -14,13 +14,14 @@ from typing import Any
 
 from rich.console import Console
 
+from edged.control.commands import new_command
 from edged.core.errors import EdgedError
 from edged.core.signing import generate_key, load_private_key
 from edged.fleet.ingest import Ingest, IngestOptions
 from edged.fleet.ingestdb import Database, open_database
 from edged.fleet.report import build_report, render_report
 from edged.fleet.rollout import RolloutPlan, run_rollout
-from edged.fleet.send import BrokerOptions, FleetClient, new_command
+from edged.fleet.send import BrokerOptions, FleetClient
 
 log = logging.getLogger(__name__)
 

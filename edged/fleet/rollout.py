@@ -5,7 +5,7 @@
    (`--via mqtt`, cleared at the end).
 2. The group's members are found from their retained state (`edged/+/state`), or named with `--device`.
 3. The canary devices (`--canary`, a count or a share like `10%`) get the `model` command first. Each
-   fetches, verifies, validates on its own frames, swaps and watches (edged/ops/rollout.py). Only when
+   fetches, verifies, validates on its own frames, swaps and watches (edged/control/rollout.py). Only when
    every canary kept the model do the others get it; one that refused, rejected or rolled back stops the
    rollout there, and the rest never see the model.
 4. Progress comes from the devices' events (`edged/+/events`), one line per step.
@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edged.control.commands import new_command
 from edged.core.errors import EdgedError
 from edged.core.signing import sign_file_digest
-from edged.fleet.send import FleetClient, new_command
+from edged.fleet.send import FleetClient
 
 MQTT_CHUNK_BYTES = 256 * 1024
-MODELS_PREFIX = "edged/fleet/models"  # edged/ops/modelfetch.py MQTT_PREFIX: the same tree
+MODELS_PREFIX = "edged/fleet/models"  # edged/control/modelfetch.py MQTT_PREFIX: the same tree
 DISCOVERY_QUIET_S = 1.0
 Progress = Callable[[str], None]
 

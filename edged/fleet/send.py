@@ -7,7 +7,6 @@ this sender's own and the command id as correlation data; every device that runs
 from __future__ import annotations
 
 import json
-import secrets
 import ssl
 import threading
 import time
@@ -23,28 +22,13 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from edged.control.commands import command_topic
 from edged.core.errors import EdgedError
 from edged.core.secrets import read_secret
 from edged.core.signing import sign
 
 REPLY_PREFIX = "edged/fleet/replies"
 Listener = Callable[[str, dict[str, Any]], None]
-
-
-def new_command(
-    cmd: str, target: str, args: dict[str, Any] | None = None, *, ts: float | None = None
-) -> dict[str, Any]:
-    """An unsigned command envelope (edged/uplink/commandgate.py Envelope)."""
-    when = round(time.time() if ts is None else ts, 3)
-    return {"v": 1, "cmd": cmd, "id": uuid.uuid4().hex[:16], "target": target, "ts": when,
-            "nonce": secrets.token_hex(16), "args": args or {}}  # fmt: skip
-
-
-def command_topic(cmd: str, target: str) -> str:
-    """edged/<device>/cmd/<cmd>, or edged/group/<group>/cmd/<cmd> for `group:<group>`."""
-    if target.startswith("group:"):
-        return f"edged/group/{target.removeprefix('group:')}/cmd/{cmd}"
-    return f"edged/{target}/cmd/{cmd}"
 
 
 @dataclass

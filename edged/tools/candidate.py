@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from edged.control.rolloutspec import CandidateSpec, Gates
 from edged.core.errors import EdgedError
 from edged.model.settings import PreprocessConfig
-from edged.ops.rolloutspec import CandidateSpec, Gates
 from edged.tools.common import open_model
 from edged.tools.frames import load_inputs
 from edged.tools.validate import Thresholds, ValidateOptions, pair_preprocessor, validate_models

@@ -127,12 +127,20 @@ class Publisher(Supervised):
         self._refused_backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
         self._spread = random.Random()  # noqa: S311  (jitter, not cryptography)
         self._spreading = False  # retrying after a lost connection (see retry_delay)
-        self.control: ControlLink | None = None
-        self.announce: Callable[[], list[tuple[str, bytes]]] | None = None  # retained, on every connection
+        self.control: ControlLink | None = None  # see listen()
+        self.announce: Callable[[], list[tuple[str, bytes]]] | None = None  # see announce_on_connect()
         self.side = SideChannel(self._wake.set)  # command replies, events, the retained state
         spool.on_change(self._wake.set)
         with stats.lock:
             stats.broker = f"{cfg.host}:{cfg.port}"
+
+    def listen(self, control: ControlLink) -> None:
+        """Subscribe `control`'s command topics on every connection and hand it what arrives (before start)."""
+        self.control = control
+
+    def announce_on_connect(self, messages: Callable[[], list[tuple[str, bytes]]]) -> None:
+        """Publish these retained messages on every connection (Home Assistant discovery; before start)."""
+        self.announce = messages
 
     def _load_password(self) -> str | None:
         if self.cfg.password_file is not None:

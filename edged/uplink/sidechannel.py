@@ -23,7 +23,7 @@ SIDE_MAX = 256  # messages waiting for a connection at most (the oldest is dropp
 
 
 class ControlLink(Protocol):
-    """The control plane as the publisher sees it (edged/ops/control.py): topics to subscribe to and where
+    """The control plane as the publisher sees it (edged/control/controller.py): topics to subscribe to and where
     command messages go. `deliver` runs on paho's thread: it only queues."""
 
     def topics(self) -> list[str]:

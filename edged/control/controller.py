@@ -27,15 +27,15 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edged import __version__
+from edged.control.gate import Command, CommandGate
+from edged.control.modelfetch import MQTT_PREFIX, ChunkCollector, write_chunks
+from edged.control.remoteconfig import apply_remote_config
+from edged.control.rollout import Rollout, RolloutTarget
+from edged.control.rolloutspec import ModelArgs
+from edged.control.settings import ControlConfig
 from edged.core.errors import CommandError, EdgedError
 from edged.core.threads import Supervised
-from edged.ops.modelfetch import MQTT_PREFIX, ChunkCollector, write_chunks
-from edged.ops.remoteconfig import apply_remote_config
-from edged.ops.rollout import Rollout, RolloutTarget
-from edged.ops.rolloutspec import ModelArgs
 from edged.pipeline.frametap import FrameTap, save_frames
-from edged.uplink.commandgate import Command, CommandGate
-from edged.uplink.controlsettings import ControlConfig
 from edged.uplink.mqttclient import topic_for
 from edged.uplink.sidechannel import SideMessage
 
@@ -89,14 +89,16 @@ class RecordArgs(_Args):
 class Controller(Supervised):
     """The `edged-control` thread and the control link the publisher talks to."""
 
-    def __init__(self, cfg: ControlConfig, device_id: str, state_dir: Path, target: ControlTarget) -> None:
+    def __init__(
+        self, cfg: ControlConfig, device_id: str, state_dir: Path, *, target: ControlTarget, outbox: Outbox | None
+    ) -> None:
         super().__init__("edged-control")
         self.cfg = cfg
         self.device_id = device_id
         self.state_dir = state_dir
         self.target = target
         self.gate = CommandGate(cfg, device_id, state_dir)
-        self.outbox: Outbox | None = None
+        self.outbox = outbox  # None: nothing goes out (a controller tested alone)
         self.events_topic = topic_for(cfg.events_topic, device_id)
         self.state_topic = topic_for(cfg.state_topic, device_id)
         self._queue: queue.Queue[tuple[str, bytes, str | None, bytes | None] | None] = queue.Queue(QUEUE_MAX)
@@ -328,7 +330,7 @@ class Controller(Supervised):
         path = self.target.config_file()
         if path is None:
             raise CommandError("failed", "this daemon was not started from a config file")
-        apply_remote_config(path, args.config, replace=args.replace)
+        apply_remote_config(path, args.config, replace=args.replace, check=self.target.check_config)
         result = self.target.reload_and_wait(RELOAD_WAIT_S)
         return result.get("result") == "applied", result
 

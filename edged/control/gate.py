@@ -17,35 +17,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
+from edged.control.commands import GROUP, CommandName, Envelope, device_prefix, group_prefix
+from edged.control.settings import ControlConfig
 from edged.core.durable import read_json, write_atomic
 from edged.core.errors import CommandError
 from edged.core.signing import load_public_key, verify
-from edged.uplink.controlsettings import CommandName, ControlConfig
-from edged.uplink.mqttclient import topic_for
 
 log = logging.getLogger(__name__)
 
 ArgsCheck = Callable[[str, dict[str, Any]], object]
 NONCES_KEPT = 100_000  # bounded memory even under a flood of valid commands
-
-
-class Envelope(BaseModel):
-    """A command message (JSON). `sig` signs every other field (edged/core/signing.py)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    v: Literal[1]
-    cmd: CommandName
-    id: str = Field(min_length=1, max_length=64)
-    target: str = Field(min_length=1, max_length=80, description="A device id, or group:<name>.")
-    ts: float
-    nonce: str = Field(min_length=8, max_length=128)
-    args: dict[str, Any] = Field(default_factory=dict)
-    sig: str
 
 
 @dataclass(frozen=True)
@@ -81,9 +66,9 @@ class CommandGate:
         self._nonce_path = state_dir / "control-nonces.json"
         self._refuse_before = 0.0  # set when the replay memory was lost: commands signed before are refused
         self._nonces = self._load_nonces()
-        self._prefixes = {topic_for(cfg.cmd_topic, device_id): device_id}
+        self._prefixes = {device_prefix(device_id, cfg.cmd_topic): device_id}
         for group in cfg.groups:
-            self._prefixes[topic_for(cfg.group_topic.replace("{group}", group), device_id)] = f"group:{group}"
+            self._prefixes[group_prefix(group, device_id, cfg.group_topic)] = f"{GROUP}{group}"
 
     def topics(self) -> list[str]:
         """The topic filters to subscribe to."""

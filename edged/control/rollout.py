@@ -6,7 +6,7 @@
 
 - the sha256 must carry an Ed25519 signature by a key in `control.public_keys` (the command's own
   signature covers the URL; this one covers the model, wherever it came from);
-- the file must have that sha256 (`edged/ops/modelfetch.py`);
+- the file must have that sha256 (`edged/control/modelfetch.py`);
 - the check (`edged/tools/candidate.py`, a child process: a malformed model crashes it, not the daemon)
   runs the current and the new model on frames this pipeline saw just now, with `edged validate`'s gates,
   and compares their speed;
@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -33,11 +32,11 @@ from typing import Any, Protocol
 
 import yaml
 
+from edged.control.modelfetch import fetch_url, model_path
+from edged.control.remoteconfig import apply_remote_config
+from edged.control.rolloutspec import CandidateSpec, ModelArgs
 from edged.core.errors import CommandError
 from edged.core.signing import load_public_key, verify_file_digest
-from edged.ops.modelfetch import fetch_url, model_path
-from edged.ops.remoteconfig import apply_remote_config
-from edged.ops.rolloutspec import CandidateSpec, ModelArgs
 from edged.pipeline.frametap import FrameTap, save_frames
 from edged.pipeline.settings import PipelineConfig
 
@@ -73,6 +72,14 @@ class RolloutTarget(Protocol):
 
     def pipeline_config(self, name: str) -> PipelineConfig:
         """The running config of a pipeline."""
+        ...
+
+    def check_config(self, path: Path) -> object:
+        """Load a config file as check-config does (ConfigError when it is not valid)."""
+        ...
+
+    def candidate_command(self) -> list[str]:
+        """The command that judges a candidate model in a child process (SPEC.json is appended)."""
         ...
 
 
@@ -173,7 +180,7 @@ class Rollout:
         spec_file.write_text(spec.model_dump_json(), encoding="utf-8")
         self.step("model_validating", frames=len(frames))
         try:
-            report = _run_check(spec_file, a.check_timeout_s)
+            report = _run_check(self.target.candidate_command(), spec_file, a.check_timeout_s)
         finally:
             data.unlink(missing_ok=True)
             spec_file.unlink(missing_ok=True)
@@ -188,7 +195,7 @@ class Rollout:
     def _swap(self, config: Path, path: str, before: dict[str, Any] | None) -> None:
         """Point the pipeline at `path` and reload (`before` None: this is the rollback)."""
         patch = {"pipelines": [{"name": self.pipeline, "model": {"path": path}}]}
-        apply_remote_config(config, patch, replace=False)
+        apply_remote_config(config, patch, replace=False, check=self.target.check_config)
         result = self.target.reload_and_wait(RELOAD_WAIT_S)
         if result.get("result") != "applied":
             if before is not None:  # the swap did not take: back to the previous file now
@@ -243,11 +250,14 @@ def _raw_model_path(config: Path, pipeline: str) -> str:
     raise CommandError("failed", f"{config} has no pipeline {pipeline!r} with a model path")
 
 
-def _run_check(spec_file: Path, timeout: float) -> dict[str, Any]:
-    """Run edged/tools/candidate.py in a child process; its JSON report."""
+def _run_check(command: list[str], spec_file: Path, timeout: float) -> dict[str, Any]:
+    """Run the candidate check (edged/tools/candidate.py, as the daemon was handed it) in a child process;
+    its JSON report."""
+    if not command:
+        return {"passed": False, "failed": "error", "error": "this daemon was started without the model check"}
     try:
         done = subprocess.run(  # our own interpreter and module, no shell
-            [sys.executable, "-m", "edged.tools.candidate", str(spec_file)],
+            [*command, str(spec_file)],
             capture_output=True, text=True, timeout=timeout, check=False,
         )  # fmt: skip
     except subprocess.TimeoutExpired:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,6 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 from ruamel.yaml.util import load_yaml_guess_indent
 
-from edged.config import load_config
 from edged.core.durable import commit, write_atomic
 from edged.core.errors import CommandError, ConfigError
 
@@ -62,8 +62,12 @@ def _load(text: str) -> tuple[Any, YAML]:
     return data, rt
 
 
-def apply_remote_config(path: Path, patch: dict[str, Any], *, replace: bool) -> None:
-    """Validate and write; CommandError `invalid_config` (with every problem) or `failed`."""
+ConfigCheck = Callable[[Path], object]  # loads a config file as check-config does; ConfigError when it is not valid
+
+
+def apply_remote_config(path: Path, patch: dict[str, Any], *, replace: bool, check: ConfigCheck) -> None:
+    """Validate with `check` (the daemon hands in the check-config loader) and write; CommandError
+    `invalid_config` (with every problem) or `failed`."""
     try:
         current, rt = _load(path.read_text(encoding="utf-8"))
     except (OSError, YAMLError) as exc:
@@ -84,7 +88,7 @@ def apply_remote_config(path: Path, patch: dict[str, Any], *, replace: bool) -> 
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(text)
         try:
-            load_config(tmp)  # the check-config path: same schema, same messages
+            check(tmp)  # the check-config path: same schema, same messages
         except ConfigError as exc:
             problems = [p.replace(str(tmp), "<remote config>") for p in exc.problems]
             raise CommandError("invalid_config", "; ".join(problems)) from None

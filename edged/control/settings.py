@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, field_validator
 
+from edged.control.commands import ALL_COMMANDS, CMD_TOPIC, GROUP_TOPIC, CommandName
 from edged.core.settings import NAME_PATTERN, Strict
 from edged.core.signing import load_public_key
 from edged.uplink.settings import check_topic_template
-
-CommandName = Literal["reload", "status", "config", "record", "model"]
-ALL_COMMANDS: tuple[CommandName, ...] = ("reload", "status", "config", "record", "model")
 
 
 def _check_key(text: str) -> None:
@@ -48,8 +45,8 @@ class ControlConfig(Strict):
         512 * 2**20, ge=1024, description="A rollout's model file may be this large at most (bytes)."
     )
     model_ca_file: Path | None = Field(None, description="CA bundle for https:// model URLs (default: the system's).")
-    cmd_topic: str = Field("edged/{device_id}/cmd", description="Commands arrive on <this>/<name>.")
-    group_topic: str = Field("edged/group/{group}/cmd", description="Group commands arrive on <this>/<name>.")
+    cmd_topic: str = Field(CMD_TOPIC, description="Commands arrive on <this>/<name>.")
+    group_topic: str = Field(GROUP_TOPIC, description="Group commands arrive on <this>/<name>.")
     events_topic: str = Field("edged/{device_id}/events", description="Command results and lifecycle events.")
     state_topic: str = Field("edged/{device_id}/state", description="Retained reported state.")
 
