@@ -211,12 +211,12 @@ def test_an_early_ack_of_another_message_is_never_taken_for_a_later_one(tmp_path
     pub = Publisher(MqttConfig.model_validate({"host": "127.0.0.1"}), "dev", spool, MqttStats())
     success = ReasonCode(PacketTypes.PUBACK, "Success")
     pub._on_publish(7, success)  # noqa: SLF001  (paho's callback, driven by hand) e.g. the stats message, mid 7
-    pub.window.register([(3, Message([1], [("cam0", 0.0)]))])  # a burst of rows: mid 3 is row 1
-    pub.window.register([(7, Message([2], [("cam0", 0.0)]))])  # much later, mid 7 again: row 2
-    assert {mid: m.ids for mid, m in pub.window.messages.items()} == {3: [1], 7: [2]}  # row 2 waits for its PUBACK
+    pub.pump.window.register([(3, Message([1], [("cam0", 0.0)]))])  # a burst of rows: mid 3 is row 1
+    pub.pump.window.register([(7, Message([2], [("cam0", 0.0)]))])  # much later, mid 7 again: row 2
+    assert {mid: m.ids for mid, m in pub.pump.window.messages.items()} == {3: [1], 7: [2]}  # row 2 waits for its PUBACK
     pub._on_publish(3, success)  # noqa: SLF001
-    pub._flush_acks()  # noqa: SLF001
-    assert {mid: m.ids for mid, m in pub.window.messages.items()} == {7: [2]}
+    pub.pump.flush_acks()
+    assert {mid: m.ids for mid, m in pub.pump.window.messages.items()} == {7: [2]}
     assert pub.stats.published == 1
     spool.close()
 
@@ -318,15 +318,15 @@ def test_the_first_reconnect_after_a_lost_connection_is_spread_over_the_window(t
     spool = Spool(tmp_path / "s.db", SpoolConfig())
     cfg = MqttConfig.model_validate({"reconnect_spread_s": 20})
     pub = Publisher(cfg, "spread", spool, MqttStats())
-    delays = [pub.first_retry_delay() for _ in range(1000)]
+    delays = [pub.reconnect.first_retry_delay() for _ in range(1000)]
     assert min(delays) >= 0.0
     assert max(delays) <= 20.0
     per_second = [sum(1 for d in delays if s <= d < s + 1) for s in range(20)]
     assert max(per_second) <= 100  # no second of the window gets more than 10% of a 1,000-device fleet
-    pub._spreading = True  # noqa: SLF001  (as after a lost connection: the attempts keep their phase)
-    assert all(18.0 <= pub.retry_delay() <= 22.0 for _ in range(100))
+    pub.reconnect.spreading = True  # as after a lost connection: the attempts keep their phase
+    assert all(18.0 <= pub.reconnect.retry_delay() <= 22.0 for _ in range(100))
     off = Publisher(MqttConfig.model_validate({"reconnect_spread_s": 0}), "at-once", spool, MqttStats())
-    assert off.first_retry_delay() == 0.0
+    assert off.reconnect.first_retry_delay() == 0.0
     spool.close()
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -26,22 +25,15 @@ from typing import Any, Literal
 
 import paho.mqtt.client as paho
 
-from edged.core.backoff import Backoff
 from edged.core.osthread import name_os_thread
 from edged.core.secrets import check_private, read_credential, read_secret
 from edged.core.stats import MqttStats
 from edged.core.threads import Supervised
-from edged.store.spool import Row, Spool
+from edged.store.spool import Spool
 from edged.uplink.brokerlimits import BrokerLimits, describe_reason, publish_size
-from edged.uplink.inflight import InFlight, Message
-from edged.uplink.mqttclient import (
-    CONNECT_TIMEOUT_S,
-    ExpiryProperties,
-    PackedProperties,
-    RateLimit,
-    new_client,
-    topic_for,
-)
+from edged.uplink.mqttclient import CONNECT_TIMEOUT_S, PackedProperties, new_client, topic_for
+from edged.uplink.pump import ResultPump
+from edged.uplink.reconnect import TAKEOVER_COUNT, TAKEOVER_WINDOW_S, Reconnect, Takeover
 from edged.uplink.settings import MqttConfig
 from edged.uplink.sidechannel import ControlLink, SideChannel
 
@@ -49,14 +41,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["PackedProperties", "Publisher", "topic_for"]
 
-# results handed to paho at a time (all still in the spool until acknowledged): with the default window of
-# 32, paho holds 16 windows' worth queued, so its network thread keeps the broker busy on its own; draining a
-# backlog with 128 at a time ran at 0.6x a bare paho loop, with 512 at 0.85x (benchmarks/store_forward.py)
-HANDOFF_RESULTS = 512
-UNSPECIFIED = 0x80  # paho's reason when the socket closed without a DISCONNECT
-TAKEOVER_COUNT = 3  # unexplained drops of fresh connections in a row ...
-TAKEOVER_WINDOW_S = 60.0  # ... within this long: another client with our id keeps taking the session
-STEADY_S = 60.0  # a connection up this long counts as healthy even if it carried nothing (backoff reset)
 StatsSource = Callable[[], dict[str, Any]]
 
 
@@ -71,7 +55,8 @@ class _Conn:
     looping: bool = False  # paho's network thread was started
     thread: threading.Thread | None = None  # that thread
     since: float = 0.0
-    blamed: bool = False  # it dropped over a message (refused, counted): reconnect without escalating
+    blamed: list[int] = field(default_factory=list)  # rows it dropped over (refused, counted): reconnect at once
+    blamed_for: str = ""
     commands_asked: bool = False  # the command topics' SUBSCRIBE went out (the first on the connection)
     limits: BrokerLimits = field(default_factory=BrokerLimits)  # what the broker's CONNACK allows
 
@@ -111,22 +96,12 @@ class Publisher(Supervised):
         self._halt = threading.Event()
         self._wake = threading.Event()  # set by paho's thread (acks, connect, disconnect) and the spool
         self._drain_deadline: float | None = None
-        self.window = InFlight(cfg.protocol, cfg.max_inflight)
-        self._inflight = cfg.max_inflight  # this connection's window: the broker's Receive Maximum when smaller
-        self._limits = BrokerLimits()
+        self.pump = ResultPump(cfg, spool, stats, self._wake.set)  # the result path
         self._no_retain = False  # the broker refused a retained will (0x9A): connect without retain from now on
         self.protocol = cfg.protocol  # the MQTT version spoken: 3.1.1 after a broker refused 5 (see _fall_back)
-        self._kicked: list[float] = []  # when recent connections were closed by the broker without a reason
-        self._cursor = 0
-        self._seen_changes = -1
-        self._retry_at: float | None = None  # refused rows are sent again from then on
+        self._takeover = Takeover()
         self._next_stats = 0.0
-        self._props = ExpiryProperties(cfg)
-        self._rate = RateLimit(cfg.max_rate)
-        self._backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
-        self._refused_backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
-        self._spread = random.Random()  # noqa: S311  (jitter, not cryptography)
-        self._spreading = False  # retrying after a lost connection (see retry_delay)
+        self.reconnect = Reconnect(cfg)
         self.control: ControlLink | None = None  # see listen()
         self.announce: Callable[[], list[tuple[str, bytes]]] | None = None  # see announce_on_connect()
         self.side = SideChannel(self._wake.set)  # command replies, events, the retained state
@@ -166,46 +141,20 @@ class Publisher(Supervised):
                 failures += 1
                 if conn is not None:
                     self._close(conn, offline=False)
-                self._halt.wait(self.retry_delay())
+                self._halt.wait(self.reconnect.retry_delay())
                 continue
             if failures:
                 log.info("mqtt: connected to %s:%d after %d failed attempts", self.cfg.host, self.cfg.port, failures)
             failures = 0
-            self._spreading = False
+            self.reconnect.connected()
             self._serve(conn)
             self._close(conn, offline=self._halt.is_set())
-            self._after_connection(conn)
+            if not self._halt.is_set():
+                up_s = time.monotonic() - conn.since
+                carried = self.pump.window.carried
+                self._halt.wait(self.reconnect.after_connection(carried=carried, up_s=up_s, blamed=bool(conn.blamed)))
             self._use_protocol(self.cfg.protocol)  # a fallback holds for one connection: a restarting broker
             # can close a version 5 attempt too, and must not cost the expiry of every later message
-
-    def _after_connection(self, conn: _Conn) -> None:
-        """The backoff resets only once a connection carried traffic (or stayed up): a broker that accepts
-        the connection and then hangs up over a message must not be hammered (a reconnect storm)."""
-        if self._halt.is_set():
-            return
-        if self.window.carried or time.monotonic() - conn.since >= STEADY_S:
-            self._backoff.reset()
-            # the first attempt is jittered too: when a broker restarts, every device loses its connection
-            # in the same instant, and without this they would all knock at once when it is back
-            self._spreading = self.cfg.reconnect_spread_s > 0
-            self._halt.wait(self.first_retry_delay())
-            return
-        delay = self.cfg.reconnect_min_s if conn.blamed else self._backoff.next_delay()
-        self._halt.wait(delay)
-
-    def first_retry_delay(self) -> float:
-        """The wait before the first attempt after a lost connection: uniform in 0..reconnect_spread_s."""
-        return self._spread.uniform(0.0, self.cfg.reconnect_spread_s)
-
-    def retry_delay(self) -> float:
-        """The wait after a failed attempt. After a lost connection (the fleet case: the broker went away
-        for everyone at once) every device keeps its random phase and tries again every ~spread seconds
-        (±10%): whenever the broker comes back, the next attempts are spread evenly over the window (an
-        exponential backoff would bunch up the devices whose first attempt fell while it was down). At
-        start-up, or after a connection that carried nothing, the capped exponential backoff."""
-        if self._spreading:
-            return self._spread.uniform(0.9, 1.1) * self.cfg.reconnect_spread_s
-        return self._backoff.next_delay()
 
     def _connect(self) -> _Conn | None:
         cfg = (
@@ -273,15 +222,11 @@ class Publisher(Supervised):
         if protocol == self.protocol:
             return
         self.protocol = protocol
-        self._props = ExpiryProperties(self.cfg.model_copy(update={"protocol": protocol}))
-        self.window.protocol = protocol
+        self.pump.speak(self.cfg.model_copy(update={"protocol": protocol}))
 
     def _serve(self, conn: _Conn) -> None:
         """Publish while connected; return on disconnect or once drained after a stop request."""
-        self.window.reset()
         conn.since = time.monotonic()
-        self._cursor = 0  # everything unacknowledged goes again
-        self._seen_changes = -1
         self._next_stats = 0.0
         self._apply_limits(conn)
         retain = conn.limits.retain
@@ -297,22 +242,21 @@ class Publisher(Supervised):
             self._wake.clear()  # before the work: a wake-up during it is not lost
             if self._halt.is_set() and self._drained():
                 return
-            self._flush_acks()
+            self.pump.flush_acks()
             self.side.drain(conn.client, mqtt5=self.protocol == "5")
             if conn.limits.max_qos >= self.cfg.qos:  # else nothing could be acknowledged: results stay spooled
-                self._pump(conn.client)
+                self.pump.pump(conn.client)
             self._maybe_stats(conn.client)
             self._wake.wait(self._sleep_s())
 
     def _apply_limits(self, conn: _Conn) -> None:
         """Honour what the CONNACK said (brokerlimits.py): the in-flight window, the largest packet, and
         what the broker cannot do (status reasons)."""
-        limits = self._limits = conn.limits if not self._no_retain else replace(conn.limits, retain=False)
-        self._inflight = limits.inflight(self.cfg.max_inflight)  # paho's window was set on the CONNACK
-        self.window.wake_below = self._inflight
-        if self._inflight < self.cfg.max_inflight:
+        limits = conn.limits if not self._no_retain else replace(conn.limits, retain=False)
+        self.pump.begin(limits)  # everything unacknowledged goes again, within these limits
+        if self.pump.inflight < self.cfg.max_inflight:
             log.info("mqtt: the broker's Receive Maximum is %d: at most %d results in flight", limits.receive_max,
-                     self._inflight)  # fmt: skip
+                     self.pump.inflight)  # fmt: skip
         if limits.max_packet is not None:
             log.info("mqtt: the broker accepts packets of at most %d bytes", limits.max_packet)
         if limits.assigned_id:
@@ -329,9 +273,9 @@ class Publisher(Supervised):
         """Publish a message that is not a result (availability, discovery, stats) when the broker accepts its
         size; a larger one is left out with a warning (False)."""
         size = publish_size(topic, payload, qos, None, mqtt5=self.protocol == "5")
-        if not self._limits.fits(size):
+        if not self.pump.limits.fits(size):
             log.warning("mqtt: not sending %s: %d bytes, the broker accepts %s at most", topic, size,
-                        self._limits.max_packet)  # fmt: skip
+                        self.pump.limits.max_packet)  # fmt: skip
             return False
         client.publish(topic, payload, qos=qos, retain=retain)
         return True
@@ -339,15 +283,11 @@ class Publisher(Supervised):
     def _sleep_s(self) -> float | None:
         """Until the next timer of this thread; None: until woken (a result, an ack, a disconnect)."""
         now = time.monotonic()
-        timers = []
-        if self._retry_at is not None:
-            timers.append(self._retry_at - now)
+        timers = [t for t in (self.pump.timer_s(),) if t is not None]
         if self.cfg.stats_interval_s and self.stats_source is not None:
             timers.append(self._next_stats - now)
         if self._halt.is_set() and self._drain_deadline is not None:
             timers.append(min(self._drain_deadline - now, 0.05))  # draining before a stop: look often
-        if self._rate.rate:
-            timers.append(self._rate.wait_s() or 1.0 / self._rate.rate)
         return max(0.0, min(timers)) if timers else None
 
     def _drained(self) -> bool:
@@ -357,111 +297,14 @@ class Publisher(Supervised):
             if left:
                 log.warning("mqtt: stop grace period over; %d results stay in the spool for next time", left)
             return True
-        self._flush_acks()
-        return not len(self.window) and self.spool.depth == 0
-
-    def _pump(self, client: paho.Client) -> None:
-        window = self.window
-        # paho sends at most max_inflight unacknowledged; the rest of a burst waits in its queue, and its
-        # network thread sends the next one on each PUBACK without waiting for this thread (whose turns
-        # at the GIL would slow it down: few, large bursts are cheaper than many small ones). With
-        # batching the bound counts results: big messages need no long queue, and each one costs memory.
-        careful = window.careful
-        size = window.careful_window if careful else max(self._inflight + 1, HANDOFF_RESULTS // self.cfg.batch)
-        room = min(size - len(window), self._rate.allow())
-        if room <= 0:
-            return
-        if self._retry_at is not None and not len(window) and time.monotonic() >= self._retry_at:
-            self._retry_at = None  # rows the broker refused: send them again from the oldest
-            self._cursor = 0
-            self._seen_changes = -1
-        changes = self.spool.changes()
-        if changes == self._seen_changes:
-            return  # nothing new since the last empty fetch
-        rows = self.spool.fetch(self._cursor, room if careful else room * self.cfg.batch)
-        if not rows:
-            self._seen_changes = changes
-            return
-        sent: list[tuple[int, Message]] = []
-        try:
-            self._publish_rows(client, self._groups(rows, careful), sent)
-        finally:
-            if sent:
-                self._rate.take(len(sent))
-                if window.register(sent):
-                    self._wake.set()  # acknowledged already: collect them on the next turn, at once
-
-    def _publish_rows(self, client: paho.Client, groups: list[list[Row]], sent: list[tuple[int, Message]]) -> None:
-        """Hand the groups to paho, one message each, recording (mid, message) in `sent`."""
-        qos, ttl_offset, publish = self.cfg.qos, self.spool.ttl_offset(), client.publish
-        for group in self._fitting(groups, ttl_offset):
-            first = group[0]
-            props = self._props(first.clock + ttl_offset)  # the oldest row of a group expires first
-            size = publish_size(first.topic, self._payload(group), qos, props)
-            if not self._limits.fits(size):  # one result alone that the broker said it would refuse
-                self._cursor = group[-1].id
-                why = (
-                    f"a result of {size} bytes (as an MQTT packet) is larger than the broker's Maximum Packet Size "
-                    f"of {self._limits.max_packet} bytes (CONNACK); it can never be sent"
-                )
-                self._refuse([first.id], why, final=True)
-                continue
-            try:
-                info = publish(first.topic, self._payload(group), qos=qos, properties=props)
-            except ValueError as exc:  # a topic paho will not send (wildcards, too long): never sendable
-                self._cursor = group[-1].id
-                self._refuse([r.id for r in group], f"cannot publish to {first.topic!r}: {exc}", final=True)
-                continue
-            if info.rc != paho.MQTT_ERR_SUCCESS:
-                log.debug("mqtt: publish returned %s; will resend after reconnect", info.rc)
-                return
-            self._cursor = group[-1].id
-            sent.append((info.mid, Message([r.id for r in group], [(r.pipeline, r.ts) for r in group])))
-
-    def _fitting(self, groups: list[list[Row]], ttl_offset: float) -> list[list[Row]]:
-        """The groups, those of several results split in halves until each fits the broker's Maximum Packet
-        Size (a result too big alone is left for `_publish_rows` to refuse)."""
-        if self._limits.max_packet is None:
-            return groups
-        out: list[list[Row]] = []
-        todo = list(reversed(groups))
-        while todo:
-            group = todo.pop()
-            props = self._props(group[0].clock + ttl_offset)
-            if len(group) > 1 and not self._limits.fits(
-                publish_size(group[0].topic, self._payload(group), self.cfg.qos, props)
-            ):
-                half = len(group) // 2
-                todo += [group[half:], group[:half]]
-                continue
-            out.append(group)
-        return out
-
-    def _groups(self, rows: list[Row], careful: bool) -> list[list[Row]]:
-        """Consecutive rows with the same topic, up to `batch` per message."""
-        if careful:
-            return [[row] for row in rows]  # one result per message: a culprit is found alone
-        if self.cfg.batch == 1:
-            return [[row] for row in rows]
-        groups: list[list[Row]] = []
-        for row in rows:
-            if groups and groups[-1][0].topic == row.topic and len(groups[-1]) < self.cfg.batch:
-                groups[-1].append(row)
-            else:
-                groups.append([row])
-        return groups
-
-    def _payload(self, group: list[Row]) -> bytes:
-        if self.cfg.batch == 1:
-            return group[0].payload
-        return b"[" + b",".join(r.payload for r in group) + b"]"
+        return self.pump.drained()
 
     def _maybe_stats(self, client: paho.Client) -> None:
         if not self.cfg.stats_interval_s or self.stats_source is None or time.monotonic() < self._next_stats:
             return
         self._next_stats = time.monotonic() + self.cfg.stats_interval_s
         body = json.dumps({"v": 1, "device": self.device_id, "ts": round(time.time(), 3), **self.stats_source()})
-        retain = self.cfg.stats_retain and self._limits.retain
+        retain = self.cfg.stats_retain and self.pump.limits.retain
         self._send_other(client, self.stats_topic, body.encode(), qos=0, retain=retain)
 
     # -- paho callbacks (paho's network thread): record and wake, nothing else ------------------------
@@ -500,15 +343,15 @@ class Publisher(Supervised):
         conn.connected = False
         conn.closed = True
         self._wake.set()
-        blamed = self.window.dropped(reason, self._halt.is_set()) if was else []
-        if blamed:
-            conn.blamed = True
-            self._refuse(blamed, f"the broker closed the connection over this message: {reason}")
+        blamed = self.pump.window.dropped(reason, self._halt.is_set()) if was else []
+        if blamed:  # refused on the edged-mqtt thread when it closes the connection (the spool is not paho's)
+            conn.blamed = blamed
+            conn.blamed_for = f"the broker closed the connection over this message: {reason}"
         with self.stats.lock:
             self.stats.connected = False
         if was and not self._halt.is_set():
             why = describe_reason(reason, self.client_id)
-            if self._taken_over(conn, reason):
+            if self._takeover.dropped(reason, time.monotonic() - conn.since):
                 suspicion = (
                     f"the broker closed the connection {TAKEOVER_COUNT} times within {TAKEOVER_WINDOW_S:.0f} s, each "
                     f"soon after accepting it: another client with client id {self.client_id!r} may be taking the "
@@ -518,17 +361,6 @@ class Publisher(Supervised):
                 with self.stats.lock:
                     self.stats.suspicion = (time.monotonic(), suspicion)
             self._note_error(f"disconnected from {self.cfg.host}:{self.cfg.port}: {why}")
-
-    def _taken_over(self, conn: _Conn, reason: Any) -> bool:
-        """Whether this drop looks like a session takeover by a broker that does not say so (Mosquitto 2.0
-        closes the old connection without DISCONNECT 0x8E): the broker, not the network, closed a connection
-        it had accepted moments before, for the third time in a row within a minute."""
-        if getattr(reason, "value", None) != UNSPECIFIED or time.monotonic() - conn.since > TAKEOVER_WINDOW_S:
-            self._kicked.clear()
-            return False
-        now = time.monotonic()
-        self._kicked = [t for t in self._kicked if now - t < TAKEOVER_WINDOW_S] + [now]
-        return len(self._kicked) >= TAKEOVER_COUNT
 
     def _on_message(self, msg: paho.MQTTMessage) -> None:
         control = self.control
@@ -540,33 +372,10 @@ class Publisher(Supervised):
         control.deliver(msg.topic, bytes(msg.payload), response, correlation)
 
     def _on_publish(self, mid: int, reason: Any) -> None:
-        if self.window.acked(mid, reason):
+        if self.pump.window.acked(mid, reason):
             self._wake.set()
 
     # -- on the edged-mqtt thread ---------------------------------------------------------------------
-
-    def _flush_acks(self) -> None:
-        """Hand what the broker acknowledged to the spool, count it; apply refusals at once."""
-        acked = self.window.collect()
-        if acked.ids:
-            self.spool.ack(acked.ids)
-            self.stats.count_published(len(acked.ids), acked.e2e)
-            self._refused_backoff.reset()
-        for ids, why in acked.refused:
-            self._refuse(ids, why)
-            if self._retry_at is None:
-                self._retry_at = time.monotonic() + self._refused_backoff.next_delay()
-
-    def _refuse(self, row_ids: list[int], why: str, *, final: bool = False) -> None:
-        """Count a refusal of these rows now (`final`: they can never be sent: dead letters at once)."""
-        dead = sum(self.spool.refuse(row_id, why, final=final) for row_id in row_ids)
-        with self.stats.lock:
-            self.stats.failed += len(row_ids)
-            self.stats.last_error = why
-        log.warning(
-            "mqtt: %s (%d result(s); %d set aside as dead letters; the rest stay in the spool)",
-            why, len(row_ids), dead,
-        )  # fmt: skip
 
     # -- helpers ---------------------------------------------------------------------------------------
 
@@ -590,8 +399,9 @@ class Publisher(Supervised):
         client.on_connect = client.on_disconnect = client.on_publish = client.on_message = client.on_subscribe = None
         with self.stats.lock:
             self.stats.connected = False
-        self._flush_acks()  # acks that came in before the connection closed still count
-        self.window.reset_keep_carried()
+        if conn.blamed:
+            self.pump.refuse(conn.blamed, conn.blamed_for)
+        self.pump.end()  # acks that came in before the connection closed still count
 
     def _note_error(self, message: str) -> None:
         with self.stats.lock:
