@@ -41,6 +41,8 @@ from edged.store.spool import Spool
 from edged.uplink.homeassistant import STATE_FILE as HA_STATE_FILE
 from edged.uplink.homeassistant import Discovery
 from edged.uplink.publisher import Publisher, topic_for
+from edged.uplink.session import Announce
+from edged.uplink.statsmessage import StatsMessage
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +122,9 @@ class Daemon:
             self.status_server.start()
             self.metrics = start_metrics(cfg.metrics, self.snapshot, self.histograms)
             if cfg.mqtt.enabled:  # secrets are read here: a bad key file stops edged before the models load
-                self.publisher = Publisher(cfg.mqtt, cfg.device_id, self.spool, self.mqtt_stats, self.snapshot)
+                self.publisher = Publisher(cfg.mqtt, cfg.device_id, self.spool, self.mqtt_stats)
+                if cfg.mqtt.stats_interval_s:
+                    self.publisher.add_hook(StatsMessage(cfg.mqtt, cfg.device_id, self.snapshot))
                 self._wire_control()
                 self._wire_homeassistant()
             models = self._load_models()
@@ -157,7 +161,7 @@ class Daemon:
             stats_topic=topic_for(cfg.mqtt.stats_topic, cfg.device_id),
             availability_topic=topic_for(cfg.mqtt.availability_topic, cfg.device_id),
         )
-        self.publisher.announce_on_connect(lambda: discovery.messages(cfg.state_dir))
+        self.publisher.add_hook(Announce(lambda: discovery.messages(cfg.state_dir)))
 
     def _wire_control(self) -> None:
         """Remote control (off unless `control:` is configured) rides on the publisher's connection."""
@@ -166,7 +170,7 @@ class Daemon:
         self.controller = Controller(
             self.config.control, self.config.device_id, self.config.state_dir, target=self, outbox=self.publisher.side
         )
-        self.publisher.listen(self.controller)  # the controller's command topics ride on the connection
+        self.publisher.add_hook(self.controller)  # its command topics ride on the connection
 
     # -- what the control plane asks of the daemon (edged/control/controller.py ControlTarget) -------------------
 

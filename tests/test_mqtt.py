@@ -22,6 +22,7 @@ from edged.store.spool import Spool, SpoolConfig
 from edged.uplink.inflight import InFlight, Message
 from edged.uplink.publisher import PackedProperties, Publisher, stop_network_thread, topic_for
 from edged.uplink.settings import MqttConfig
+from edged.uplink.statsmessage import StatsMessage
 
 
 def fill(spool: Spool, device: str, n: int, pipeline: str = "cam0") -> None:
@@ -242,7 +243,8 @@ def test_periodic_stats_message(tmp_path: Path, broker: Broker, subscribe: Subsc
     spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=10))
     spool.start()
     cfg = MqttConfig.model_validate({"host": broker.host, "port": broker.port, "stats_interval_s": 0.2})
-    pub = Publisher(cfg, "statsdev", spool, MqttStats(), stats_source=lambda: {"spool": spool.stats()})
+    pub = Publisher(cfg, "statsdev", spool, MqttStats())
+    pub.add_hook(StatsMessage(cfg, "statsdev", lambda: {"spool": spool.stats()}))
     sub = subscribe(broker, "edged/statsdev/stats")
     pub.start()
     wait_for(lambda: len(sub.payloads("edged/statsdev/stats")) >= 2, 10, "two stats messages")

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+import paho.mqtt.client as paho
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edged import __version__
@@ -37,6 +38,7 @@ from edged.core.errors import CommandError, EdgedError
 from edged.core.threads import Supervised
 from edged.pipeline.frametap import FrameTap, save_frames
 from edged.uplink.mqttclient import topic_for
+from edged.uplink.session import Hook, Session
 from edged.uplink.sidechannel import SideMessage
 
 log = logging.getLogger(__name__)
@@ -86,8 +88,8 @@ class RecordArgs(_Args):
     timeout_s: float = Field(60.0, gt=0, le=600)
 
 
-class Controller(Supervised):
-    """The `edged-control` thread and the control link the publisher talks to."""
+class Controller(Supervised, Hook):
+    """The `edged-control` thread, riding on the publisher's connection as a hook (uplink/session.py)."""
 
     def __init__(
         self, cfg: ControlConfig, device_id: str, state_dir: Path, *, target: ControlTarget, outbox: Outbox | None
@@ -122,7 +124,14 @@ class Controller(Supervised):
             "model": (ModelArgs, self._model),
         }
 
-    # -- the control link (paho's thread and the edged-mqtt thread) --------------------------------------
+    # -- on the connection (paho's thread and the edged-mqtt thread) -------------------------------------
+
+    def message(self, message: paho.MQTTMessage) -> None:
+        """A message on a command topic or a rollout's chunk topic (paho's thread): queued, see deliver()."""
+        props = getattr(message, "properties", None)
+        response = getattr(props, "ResponseTopic", None) if props is not None else None
+        correlation = getattr(props, "CorrelationData", None) if props is not None else None
+        self.deliver(message.topic, bytes(message.payload), response, correlation)
 
     def topics(self) -> list[str]:
         """Command topic filters: this device's and its groups'."""
@@ -148,8 +157,10 @@ class Controller(Supervised):
         with self._lock:
             self._listening = on
 
-    def connected(self) -> None:
-        """A connection is up: the retained state again, and `started` once."""
+    def connected(self, session: Session) -> None:
+        """A connection is up: the command topics subscribed (status says when the broker granted them), the
+        retained state again, and `started` once."""
+        session.subscribe(self.topics(), self.listening)
         if not self._started_sent:
             self._started_sent = True
             self.event("started", version=__version__)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import queue
-import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
@@ -34,6 +32,7 @@ from edged.core.secrets import read_secret
 from edged.core.streams import EVENTS, events_key
 from edged.core.threads import Supervised
 from edged.fleet.ingestdb import Database, GapRow, ResultRow, StatsRow
+from edged.uplink.mqttclient import BrokerAccess, make_client
 
 log = logging.getLogger(__name__)
 
@@ -168,24 +167,16 @@ class Ingest:
                 f"shared subscriptions (--group {opts.group}) need MQTT 5; with --protocol 3.1.1 give --group '' "
                 "(one ingest per broker)"
             )
-        client = paho.Client(
-            callback_api_version=CallbackAPIVersion.VERSION2,
-            client_id=opts.client_id,
-            protocol=paho.MQTTv5 if mqtt5 else paho.MQTTv311,
+        access = BrokerAccess(opts.username, self._password, bool(opts.ca_file or opts.cert_file), opts.ca_file,
+                              opts.cert_file, opts.key_file, opts.insecure)  # fmt: skip
+        client = make_client(
+            opts.client_id,
+            access,
+            protocol=opts.protocol,
             clean_session=None if mqtt5 else False,  # 3.1.1: the broker keeps the session while we are away
             manual_ack=True,
         )
         client.reconnect_delay_set(1, 30)
-        if opts.username:
-            client.username_pw_set(opts.username, self._password)
-        if opts.ca_file or opts.cert_file:
-            client.tls_set(
-                ca_certs=str(opts.ca_file) if opts.ca_file else None,
-                certfile=str(opts.cert_file) if opts.cert_file else None,
-                keyfile=str(opts.key_file) if opts.key_file else None,
-                cert_reqs=ssl.CERT_REQUIRED,
-            )
-            client.tls_insecure_set(opts.insecure)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message

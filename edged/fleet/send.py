@@ -7,7 +7,6 @@ this sender's own and the command id as correlation data; every device that runs
 from __future__ import annotations
 
 import json
-import ssl
 import threading
 import time
 import uuid
@@ -18,7 +17,6 @@ from typing import Any
 
 import paho.mqtt.client as paho
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -26,6 +24,7 @@ from edged.control.commands import command_topic
 from edged.core.errors import EdgedError
 from edged.core.secrets import read_secret
 from edged.core.signing import sign
+from edged.uplink.mqttclient import BrokerAccess, make_client
 
 REPLY_PREFIX = "edged/fleet/replies"
 Listener = Callable[[str, dict[str, Any]], None]
@@ -63,18 +62,10 @@ class FleetClient:
         self._listeners: list[tuple[str, Listener]] = []
         self._lock = threading.Lock()
         self._ready = threading.Event()
-        client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id=self.client_id,
-                             protocol=paho.MQTTv5)  # fmt: skip
-        if broker.username:
-            password = read_secret(broker.password_file, "MQTT password file") if broker.password_file else None
-            client.username_pw_set(broker.username, password)
-        if broker.ca_file or broker.cert_file:
-            client.tls_set(
-                ca_certs=str(broker.ca_file) if broker.ca_file else None,
-                certfile=str(broker.cert_file) if broker.cert_file else None,
-                keyfile=str(broker.key_file) if broker.key_file else None,
-                cert_reqs=ssl.CERT_REQUIRED,
-            )
+        password = read_secret(broker.password_file, "MQTT password file") if broker.password_file else None
+        access = BrokerAccess(broker.username, password, bool(broker.ca_file or broker.cert_file), broker.ca_file,
+                              broker.cert_file, broker.key_file)  # fmt: skip
+        client = make_client(self.client_id, access)
         client.on_connect = lambda c, _u, _f, _rc, _p: c.subscribe(self.reply_topic, qos=1)
         client.on_subscribe = lambda *_: self._ready.set()
         client.on_message = self._on_message

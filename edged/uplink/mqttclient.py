@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import ssl
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from edged.core.secrets import read_credential, read_secret
 from edged.uplink.settings import MqttConfig
 
 CONNECT_TIMEOUT_S = 10.0
@@ -20,32 +24,68 @@ def topic_for(template: str, device_id: str, pipeline: str = "") -> str:
     return template.replace("{device_id}", device_id).replace("{pipeline}", pipeline)
 
 
-def new_client(
-    cfg: MqttConfig, client_id: str, will_topic: str, password: str | None, *, retain: bool = True
-) -> paho.Client:
-    """A fresh paho client for one connection: protocol, in-flight window, last will (retained unless the
-    broker refused retained messages), auth, TLS."""
-    protocol = paho.MQTTv5 if cfg.protocol == "5" else paho.MQTTv311
+@dataclass(frozen=True)
+class BrokerAccess:
+    """How to get in: credentials and TLS (the daemon's `mqtt:` section, or a fleet tool's flags)."""
+
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False  # verify the broker's certificate (against `ca_file`, or the system's CAs)
+    ca_file: Path | None = None
+    cert_file: Path | None = None  # mutual TLS
+    key_file: Path | None = None
+    insecure: bool = False  # skip the host-name check (testing only)
+
+    @classmethod
+    def of(cls, cfg: MqttConfig, password: str | None) -> BrokerAccess:
+        """The daemon's."""
+        tls = cfg.tls
+        if tls is None:
+            return cls(cfg.username, password)
+        return cls(cfg.username, password, True, tls.ca_file, tls.cert_file, tls.key_file, tls.insecure)
+
+
+def make_client(client_id: str, access: BrokerAccess, *, protocol: str = "5", **options: Any) -> paho.Client:
+    """A paho client as every part of edged builds one (the daemon, `edged ingest`, `edged fleet`): paho's
+    version 2 callbacks, the MQTT version, credentials, TLS that verifies the broker (no plaintext fallback).
+    `options` go to paho.Client (clean_session, manual_ack, reconnect_on_failure)."""
     client = paho.Client(
         callback_api_version=CallbackAPIVersion.VERSION2,
         client_id=client_id,
-        protocol=protocol,
-        reconnect_on_failure=False,
+        protocol=paho.MQTTv5 if protocol == "5" else paho.MQTTv311,
+        **options,
     )
+    if access.username:
+        client.username_pw_set(access.username, access.password)
+    if access.tls:
+        client.tls_set(
+            ca_certs=str(access.ca_file) if access.ca_file else None,
+            certfile=str(access.cert_file) if access.cert_file else None,
+            keyfile=str(access.key_file) if access.key_file else None,
+            cert_reqs=ssl.CERT_REQUIRED,
+        )
+        client.tls_insecure_set(access.insecure)
+    return client
+
+
+def load_password(cfg: MqttConfig) -> str | None:
+    """The broker password from `mqtt.password_file` or a systemd credential (never from the config itself)."""
+    if cfg.password_file is not None:
+        return read_secret(cfg.password_file, "MQTT password file")
+    if cfg.password_credential is not None:
+        return read_credential(cfg.password_credential, "MQTT password")
+    return None
+
+
+def new_client(
+    cfg: MqttConfig, client_id: str, will_topic: str, password: str | None, *, retain: bool = True
+) -> paho.Client:
+    """A fresh paho client for one of the daemon's connections: protocol, in-flight window, last will
+    (retained unless the broker refused retained messages), auth, TLS."""
+    client = make_client(client_id, BrokerAccess.of(cfg, password), protocol=cfg.protocol, reconnect_on_failure=False)
     client.connect_timeout = CONNECT_TIMEOUT_S
     client.max_inflight_messages_set(cfg.max_inflight)
     client.will_set(will_topic, "offline", qos=1, retain=retain)
-    if cfg.username:
-        client.username_pw_set(cfg.username, password)
-    tls = cfg.tls
-    if tls is not None:
-        client.tls_set(
-            ca_certs=str(tls.ca_file) if tls.ca_file else None,
-            certfile=str(tls.cert_file) if tls.cert_file else None,
-            keyfile=str(tls.key_file) if tls.key_file else None,
-            cert_reqs=ssl.CERT_REQUIRED,
-        )
-        client.tls_insecure_set(tls.insecure)
     return client
 
 

@@ -15,7 +15,6 @@ from the spool (same `seq`; subscribers drop duplicates).
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -26,16 +25,17 @@ from typing import Any, Literal
 import paho.mqtt.client as paho
 
 from edged.core.osthread import name_os_thread
-from edged.core.secrets import check_private, read_credential, read_secret
+from edged.core.secrets import check_private
 from edged.core.stats import MqttStats
 from edged.core.threads import Supervised
 from edged.store.spool import Spool
-from edged.uplink.brokerlimits import BrokerLimits, describe_reason, publish_size
-from edged.uplink.mqttclient import CONNECT_TIMEOUT_S, PackedProperties, new_client, topic_for
+from edged.uplink.brokerlimits import BrokerLimits, describe_reason
+from edged.uplink.mqttclient import CONNECT_TIMEOUT_S, PackedProperties, load_password, new_client, topic_for
 from edged.uplink.pump import ResultPump
-from edged.uplink.reconnect import TAKEOVER_COUNT, TAKEOVER_WINDOW_S, Reconnect, Takeover
+from edged.uplink.reconnect import TAKEOVER_COUNT, TAKEOVER_WINDOW_S, Reconnect, Takeover, next_protocol
+from edged.uplink.session import Hook, Session
 from edged.uplink.settings import MqttConfig
-from edged.uplink.sidechannel import ControlLink, SideChannel
+from edged.uplink.sidechannel import SideChannel
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,6 @@ class _Conn:
     since: float = 0.0
     blamed: list[int] = field(default_factory=list)  # rows it dropped over (refused, counted): reconnect at once
     blamed_for: str = ""
-    commands_asked: bool = False  # the command topics' SUBSCRIBE went out (the first on the connection)
     limits: BrokerLimits = field(default_factory=BrokerLimits)  # what the broker's CONNACK allows
 
 
@@ -76,19 +75,15 @@ def stop_network_thread(client: paho.Client, thread: threading.Thread | None, ti
 class Publisher(Supervised):
     """Publishes spooled rows with a bounded number in flight; reconnects with backoff and jitter."""
 
-    def __init__(
-        self, cfg: MqttConfig, device_id: str, spool: Spool, stats: MqttStats, stats_source: StatsSource | None = None
-    ) -> None:
+    def __init__(self, cfg: MqttConfig, device_id: str, spool: Spool, stats: MqttStats) -> None:
         super().__init__("edged-mqtt")
         self.cfg = cfg
         self.device_id = device_id
         self.spool = spool
         self.stats = stats
-        self.stats_source = stats_source
         self.client_id = cfg.client_id or f"edged-{device_id}"
         self.availability_topic = topic_for(cfg.availability_topic, device_id)
-        self.stats_topic = topic_for(cfg.stats_topic, device_id)
-        self._password = self._load_password()  # at start-up: a bad secret file stops edged early
+        self._password = load_password(cfg)  # at start-up: a bad secret file stops edged early
         if cfg.tls is not None and cfg.tls.key_file is not None:
             check_private(cfg.tls.key_file, "TLS key file")
         if cfg.tls is not None and cfg.tls.insecure:
@@ -98,31 +93,22 @@ class Publisher(Supervised):
         self._drain_deadline: float | None = None
         self.pump = ResultPump(cfg, spool, stats, self._wake.set)  # the result path
         self._no_retain = False  # the broker refused a retained will (0x9A): connect without retain from now on
-        self.protocol = cfg.protocol  # the MQTT version spoken: 3.1.1 after a broker refused 5 (see _fall_back)
+        self.protocol = (
+            cfg.protocol
+        )  # the MQTT version spoken: 3.1.1 after a broker refused 5 (see reconnect.next_protocol)
         self._takeover = Takeover()
-        self._next_stats = 0.0
         self.reconnect = Reconnect(cfg)
-        self.control: ControlLink | None = None  # see listen()
-        self.announce: Callable[[], list[tuple[str, bytes]]] | None = None  # see announce_on_connect()
+        self.hooks: list[Hook] = []  # what rides on the connection (session.py); added before start
+        self._session: Session | None = None
         self.side = SideChannel(self._wake.set)  # command replies, events, the retained state
         spool.on_change(self._wake.set)
         with stats.lock:
             stats.broker = f"{cfg.host}:{cfg.port}"
 
-    def listen(self, control: ControlLink) -> None:
-        """Subscribe `control`'s command topics on every connection and hand it what arrives (before start)."""
-        self.control = control
-
-    def announce_on_connect(self, messages: Callable[[], list[tuple[str, bytes]]]) -> None:
-        """Publish these retained messages on every connection (Home Assistant discovery; before start)."""
-        self.announce = messages
-
-    def _load_password(self) -> str | None:
-        if self.cfg.password_file is not None:
-            return read_secret(self.cfg.password_file, "MQTT password file")
-        if self.cfg.password_credential is not None:
-            return read_credential(self.cfg.password_credential, "MQTT password")
-        return None
+    def add_hook(self, hook: Hook) -> None:
+        """Something that rides on every connection (the stats message, discovery, remote control): before
+        start."""
+        self.hooks.append(hook)
 
     def request_stop(self, grace_s: float) -> None:
         """Stop after publishing what can go within `grace_s` seconds, then say `offline`."""
@@ -168,7 +154,7 @@ class Publisher(Supervised):
         client.on_disconnect = lambda _c, _u, _f, rc, _p: self._on_disconnect(conn, rc)
         client.on_publish = lambda _c, _u, mid, rc, _p: self._on_publish(mid, rc)
         client.on_message = lambda _c, _u, msg: self._on_message(msg)
-        client.on_subscribe = lambda _c, _u, _mid, reasons, _p: self._on_subscribe(conn, reasons)
+        client.on_subscribe = lambda _c, _u, mid, reasons, _p: self._on_subscribe(mid, reasons)
         try:
             client.connect(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive_s)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: no plaintext fallback, ever
@@ -196,27 +182,12 @@ class Publisher(Supervised):
             self._note_error(f"broker {self.cfg.host}:{self.cfg.port} closed the connection before its CONNACK")
         elif not conn.connected:
             self._note_error(f"no CONNACK from {self.cfg.host}:{self.cfg.port} within {CONNECT_TIMEOUT_S:.0f} s")
-        self._fall_back(conn)
+        if not self._halt.is_set():
+            where = f"{self.cfg.host}:{self.cfg.port}"
+            after = next_protocol(self.protocol, self.cfg.protocol, connected=conn.connected, refused=conn.refused,
+                                  closed=conn.closed, where=where)  # fmt: skip
+            self._use_protocol(after)
         return conn
-
-    def _fall_back(self, conn: _Conn) -> None:
-        """MQTT 3.1.1 for a broker that does not speak 5: one that answers a version 5 CONNECT with 0x84, or
-        closes the connection without a CONNACK (RabbitMQ before 3.13). If 3.1.1 fails too, the version was
-        not the problem: back to the configured one."""
-        if conn.connected or self._halt.is_set():
-            if conn.connected and self.protocol != self.cfg.protocol:
-                log.warning(
-                    'mqtt: %s:%d does not speak MQTT 5; connected with 3.1.1 (set mqtt.protocol: "3.1.1" to skip '
-                    "the first attempt; 3.1.1 has no message expiry and no reason codes)",
-                    self.cfg.host, self.cfg.port,
-                )  # fmt: skip
-            return
-        refused_version = conn.refused is not None and "0x84" in conn.refused
-        if self.protocol == "5" and (refused_version or (conn.closed and conn.refused is None)):
-            log.info("mqtt: trying MQTT 3.1.1: the broker refused an MQTT 5 connection")
-            self._use_protocol("3.1.1")
-        else:
-            self._use_protocol(self.cfg.protocol)
 
     def _use_protocol(self, protocol: Literal["3.1.1", "5"]) -> None:
         if protocol == self.protocol:
@@ -227,27 +198,21 @@ class Publisher(Supervised):
     def _serve(self, conn: _Conn) -> None:
         """Publish while connected; return on disconnect or once drained after a stop request."""
         conn.since = time.monotonic()
-        self._next_stats = 0.0
         self._apply_limits(conn)
-        retain = conn.limits.retain
-        self._send_other(conn.client, self.availability_topic, b"online", qos=1, retain=retain)
-        for topic, payload in self.announce() if self.announce is not None else ():  # Home Assistant discovery
-            self._send_other(conn.client, topic, payload, qos=1, retain=retain)
-        if self.control is not None:
-            # flagged before the call: paho's thread may handle the SUBACK before subscribe() returns
-            conn.commands_asked = True
-            conn.client.subscribe([(t, 1) for t in self.control.topics()])
-            self.control.connected()
+        session = self._session = Session(conn.client, self.pump.limits, mqtt5=self.protocol == "5")
+        session.publish(self.availability_topic, b"online", qos=1, retain=True)
+        for hook in self.hooks:
+            hook.connected(session)
         while conn.connected:
             self._wake.clear()  # before the work: a wake-up during it is not lost
-            if self._halt.is_set() and self._drained():
+            if self._halt.is_set() and self.pump.drained(self._drain_deadline or 0.0):
                 return
             self.pump.flush_acks()
             self.side.drain(conn.client, mqtt5=self.protocol == "5")
             if conn.limits.max_qos >= self.cfg.qos:  # else nothing could be acknowledged: results stay spooled
                 self.pump.pump(conn.client)
-            self._maybe_stats(conn.client)
-            self._wake.wait(self._sleep_s())
+            timers = [t for t in (hook.turn(session) for hook in self.hooks) if t is not None]
+            self._wake.wait(self._sleep_s(timers))
 
     def _apply_limits(self, conn: _Conn) -> None:
         """Honour what the CONNACK said (brokerlimits.py): the in-flight window, the largest packet, and
@@ -269,43 +234,14 @@ class Publisher(Supervised):
             self.stats.protocol = self.protocol
             self.stats.broker_problems = problems
 
-    def _send_other(self, client: paho.Client, topic: str, payload: bytes, *, qos: int, retain: bool) -> bool:
-        """Publish a message that is not a result (availability, discovery, stats) when the broker accepts its
-        size; a larger one is left out with a warning (False)."""
-        size = publish_size(topic, payload, qos, None, mqtt5=self.protocol == "5")
-        if not self.pump.limits.fits(size):
-            log.warning("mqtt: not sending %s: %d bytes, the broker accepts %s at most", topic, size,
-                        self.pump.limits.max_packet)  # fmt: skip
-            return False
-        client.publish(topic, payload, qos=qos, retain=retain)
-        return True
-
-    def _sleep_s(self) -> float | None:
-        """Until the next timer of this thread; None: until woken (a result, an ack, a disconnect)."""
+    def _sleep_s(self, timers: list[float]) -> float | None:
+        """Until the next timer of this thread (the hooks' `timers`, the pump's, a stop's drain); None: until
+        woken (a result, an ack, a disconnect)."""
         now = time.monotonic()
-        timers = [t for t in (self.pump.timer_s(),) if t is not None]
-        if self.cfg.stats_interval_s and self.stats_source is not None:
-            timers.append(self._next_stats - now)
+        timers += [t for t in (self.pump.timer_s(),) if t is not None]
         if self._halt.is_set() and self._drain_deadline is not None:
             timers.append(min(self._drain_deadline - now, 0.05))  # draining before a stop: look often
         return max(0.0, min(timers)) if timers else None
-
-    def _drained(self) -> bool:
-        deadline = self._drain_deadline or 0.0
-        if time.monotonic() >= deadline:
-            left = self.spool.depth
-            if left:
-                log.warning("mqtt: stop grace period over; %d results stay in the spool for next time", left)
-            return True
-        return self.pump.drained()
-
-    def _maybe_stats(self, client: paho.Client) -> None:
-        if not self.cfg.stats_interval_s or self.stats_source is None or time.monotonic() < self._next_stats:
-            return
-        self._next_stats = time.monotonic() + self.cfg.stats_interval_s
-        body = json.dumps({"v": 1, "device": self.device_id, "ts": round(time.time(), 3), **self.stats_source()})
-        retain = self.cfg.stats_retain and self.pump.limits.retain
-        self._send_other(client, self.stats_topic, body.encode(), qos=0, retain=retain)
 
     # -- paho callbacks (paho's network thread): record and wake, nothing else ------------------------
 
@@ -327,18 +263,15 @@ class Publisher(Supervised):
             self.stats.connected_mono = time.monotonic()
         self._wake.set()
 
-    def _on_subscribe(self, conn: _Conn, reasons: list[Any]) -> None:
-        # the first SUBACK of a connection is the command topics' (a rollout's chunk subscriptions come later)
-        if self.control is not None and conn.commands_asked:
-            conn.commands_asked = False
-            granted = not any(getattr(r, "is_failure", False) for r in reasons)
-            self.control.listening(granted)  # status tells when commands can arrive
-            if not granted:
-                log.error("mqtt: the broker refused the subscription to the command topics: %s", reasons)
+    def _on_subscribe(self, mid: int, reasons: list[Any]) -> None:
+        session = self._session
+        if session is not None:
+            session.subacked(mid, reasons)
 
     def _on_disconnect(self, conn: _Conn, reason: Any) -> None:
-        if self.control is not None:
-            self.control.listening(False)
+        session = self._session
+        if session is not None:
+            session.closed()
         was = conn.connected
         conn.connected = False
         conn.closed = True
@@ -363,13 +296,8 @@ class Publisher(Supervised):
             self._note_error(f"disconnected from {self.cfg.host}:{self.cfg.port}: {why}")
 
     def _on_message(self, msg: paho.MQTTMessage) -> None:
-        control = self.control
-        if control is None:
-            return
-        props = getattr(msg, "properties", None)
-        response = getattr(props, "ResponseTopic", None) if props is not None else None
-        correlation = getattr(props, "CorrelationData", None) if props is not None else None
-        control.deliver(msg.topic, bytes(msg.payload), response, correlation)
+        for hook in self.hooks:
+            hook.message(msg)
 
     def _on_publish(self, mid: int, reason: Any) -> None:
         if self.pump.window.acked(mid, reason):
@@ -397,6 +325,9 @@ class Publisher(Supervised):
         # which fails for descriptors past 1023, so a process with many connections that reconnects often
         # must not let them pile up: break the cycle and the client goes (and closes them) at once.
         client.on_connect = client.on_disconnect = client.on_publish = client.on_message = client.on_subscribe = None
+        session, self._session = self._session, None  # it holds the client too
+        if session is not None:
+            session.closed()  # (again, if paho's disconnect callback ran: harmless) nothing is listened to now
         with self.stats.lock:
             self.stats.connected = False
         if conn.blamed:

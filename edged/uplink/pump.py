@@ -82,8 +82,14 @@ class ResultPump:
             timers.append(self._rate.wait_s() or 1.0 / self._rate.rate)
         return min(timers) if timers else None
 
-    def drained(self) -> bool:
-        """Nothing in flight and nothing left in the spool (acks collected first)."""
+    def drained(self, deadline: float) -> bool:
+        """Done before a stop: nothing in flight and nothing left in the spool (acks collected first), or the
+        grace period (until `deadline`) is over and what is left waits in the spool for next time."""
+        if time.monotonic() >= deadline:
+            left = self.spool.depth
+            if left:
+                log.warning("mqtt: stop grace period over; %d results stay in the spool for next time", left)
+            return True
         self.flush_acks()
         return not len(self.window) and self.spool.depth == 0
 

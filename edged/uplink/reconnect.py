@@ -15,12 +15,15 @@ before, for the third time in a row within a minute.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
-from typing import Any
+from typing import Any, Literal
 
 from edged.core.backoff import Backoff
 from edged.uplink.settings import MqttConfig
+
+log = logging.getLogger(__name__)
 
 UNSPECIFIED = 0x80  # paho's reason when the socket closed without a DISCONNECT
 TAKEOVER_COUNT = 3  # unexplained drops of fresh connections in a row ...
@@ -78,3 +81,32 @@ class Takeover:
         now = time.monotonic()
         self._kicked = [t for t in self._kicked if now - t < TAKEOVER_WINDOW_S] + [now]
         return len(self._kicked) >= TAKEOVER_COUNT
+
+
+def next_protocol(
+    speaking: Literal["3.1.1", "5"],
+    configured: Literal["3.1.1", "5"],
+    *,
+    connected: bool,
+    refused: str | None,
+    closed: bool,
+    where: str,
+) -> Literal["3.1.1", "5"]:
+    """The MQTT version for the next attempt, after one with `speaking`. MQTT 3.1.1 for a broker that does not
+    speak 5: one that answers a version 5 CONNECT with 0x84, or closes the connection without a CONNACK
+    (RabbitMQ before 3.13). If 3.1.1 fails too, the version was not the problem: back to the configured one.
+    (The publisher goes back to the configured version after each connection, too: a restarting broker can
+    close a version 5 attempt, and that must not cost the expiry of every later message.)"""
+    if connected:
+        if speaking != configured:
+            log.warning(
+                'mqtt: %s does not speak MQTT 5; connected with 3.1.1 (set mqtt.protocol: "3.1.1" to skip the '
+                "first attempt; 3.1.1 has no message expiry and no reason codes)",
+                where,
+            )
+        return speaking
+    refused_version = refused is not None and "0x84" in refused
+    if speaking == "5" and (refused_version or (closed and refused is None)):
+        log.info("mqtt: trying MQTT 3.1.1: the broker refused an MQTT 5 connection")
+        return "3.1.1"
+    return configured

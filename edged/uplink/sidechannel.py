@@ -1,4 +1,4 @@
-"""Messages beside the results: command replies, events and the retained state, and the control link.
+"""Messages beside the results: command replies, events and the retained state.
 
 They are not spooled (a reply to a command nobody waits for any more is worth nothing after a restart);
 they wait in a small bounded queue for the next connection and go before the next results.
@@ -11,7 +11,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
 import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
@@ -20,27 +20,6 @@ from paho.mqtt.properties import Properties
 log = logging.getLogger(__name__)
 
 SIDE_MAX = 256  # messages waiting for a connection at most (the oldest is dropped beyond, with a warning)
-
-
-class ControlLink(Protocol):
-    """The control plane as the publisher sees it (edged/control/controller.py): topics to subscribe to and where
-    command messages go. `deliver` runs on paho's thread: it only queues."""
-
-    def topics(self) -> list[str]:
-        """Command topic filters."""
-        ...
-
-    def deliver(self, topic: str, payload: bytes, response_topic: str | None, correlation: bytes | None) -> None:
-        """Take one command message."""
-        ...
-
-    def connected(self) -> None:
-        """A connection is up (the retained state goes again)."""
-        ...
-
-    def listening(self, on: bool) -> None:
-        """The broker granted the command subscriptions (True), or the connection they were on is gone."""
-        ...
 
 
 @dataclass(frozen=True)

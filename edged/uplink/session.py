@@ -1,0 +1,114 @@
+"""What rides on the publisher's connection besides the results: each is a `Hook` that the daemon adds, and
+the publisher knows none of them by name (the stats message, Home Assistant discovery, remote control).
+
+On each connection the publisher hands every hook a `Session`: publish within the broker's limits (a message
+larger than its Maximum Packet Size is left out with a warning; retain only where the broker keeps retained
+messages), subscribe with a callback for the SUBACK's verdict. `connected` and `turn` run on the `edged-mqtt`
+thread; `message` and `disconnected` run on paho's network thread and only record and wake.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import paho.mqtt.client as paho
+
+from edged.uplink.brokerlimits import BrokerLimits, publish_size
+
+log = logging.getLogger(__name__)
+
+Granted = Callable[[bool], None]
+
+
+class Session:
+    """One connection as a hook sees it."""
+
+    def __init__(self, client: paho.Client, limits: BrokerLimits, *, mqtt5: bool) -> None:
+        self.client = client
+        self.limits = limits
+        self.mqtt5 = mqtt5
+        self._lock = threading.Lock()
+        self._asked: dict[int, Granted] = {}  # SUBSCRIBE mid -> who waits for its SUBACK
+        self._early: dict[int, bool] = {}  # a SUBACK that beat subscribe()'s return (paho's thread is quick)
+        self._granted: list[Granted] = []  # told False when the connection goes
+
+    def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> bool:
+        """Publish when the broker accepts the size (False, with a warning, when not); retain only when the
+        broker keeps retained messages."""
+        size = publish_size(topic, payload, qos, None, mqtt5=self.mqtt5)
+        if not self.limits.fits(size):
+            log.warning("mqtt: not sending %s: %d bytes, the broker accepts %s at most", topic, size,
+                        self.limits.max_packet)  # fmt: skip
+            return False
+        self.client.publish(topic, payload, qos=qos, retain=retain and self.limits.retain)
+        return True
+
+    def subscribe(self, filters: list[str], granted: Granted) -> None:
+        """Subscribe (QoS 1); `granted(True)` once the broker grants every filter, `granted(False)` when it
+        refuses one or the connection goes (paho's thread: record, nothing else)."""
+        if not filters:
+            return
+        rc, mid = self.client.subscribe([(f, 1) for f in filters])
+        if mid is None:  # not sent (the connection just went): nothing is listened to
+            log.warning("mqtt: could not subscribe to %s: %s", filters, rc)
+            granted(False)
+            return
+        with self._lock:
+            self._granted.append(granted)
+            early = self._early.pop(mid, None)
+            if early is None:
+                self._asked[mid] = granted
+        if early is not None:
+            granted(early)
+
+    # -- from the publisher (paho's thread) ------------------------------------------------------------
+
+    def subacked(self, mid: int, reasons: list[Any]) -> None:
+        """A SUBACK: tell whoever asked."""
+        ok = not any(getattr(r, "is_failure", False) for r in reasons)
+        if not ok:
+            log.error("mqtt: the broker refused a subscription: %s", reasons)
+        with self._lock:
+            granted = self._asked.pop(mid, None)
+            if granted is None:
+                self._early[mid] = ok
+        if granted is not None:
+            granted(ok)
+
+    def closed(self) -> None:
+        """The connection is gone: nothing subscribed on it is listened to any more."""
+        with self._lock:
+            waiting, self._granted = self._granted, []
+        for granted in waiting:
+            granted(False)
+
+
+class Hook:
+    """Something that rides on the connection; every method is optional (the defaults do nothing)."""
+
+    def connected(self, session: Session) -> None:
+        """A connection is up (edged-mqtt thread): publish what goes on every connection, subscribe."""
+
+    def turn(self, session: Session) -> float | None:  # noqa: ARG002  (a hook may not need it)
+        """Each turn of the publisher's loop (edged-mqtt thread); seconds until this hook wants the next turn,
+        None when only woken (a result, an ack, a message)."""
+        return None
+
+    def message(self, message: paho.MQTTMessage) -> None:
+        """A message on a topic this hook subscribed to (paho's thread: queue it, nothing else)."""
+
+
+class Announce(Hook):
+    """Retained messages published on every connection (Home Assistant discovery: its configs, and empty
+    ones for entities that are gone)."""
+
+    def __init__(self, messages: Callable[[], list[tuple[str, bytes]]]) -> None:
+        self._messages = messages
+
+    def connected(self, session: Session) -> None:
+        """Publish them all."""
+        for topic, payload in self._messages():
+            session.publish(topic, payload, qos=1, retain=True)
