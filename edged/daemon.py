@@ -8,7 +8,6 @@ import os
 import select
 import signal
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
@@ -37,7 +36,7 @@ from edged.pipeline.runner import PipelineRunner
 from edged.pipeline.settings import PipelineConfig
 from edged.pipeline.worker import ResultHook
 from edged.store.seqlease import SeqGap
-from edged.store.spool import Spool
+from edged.store.spool import RECENT_S, Spool
 from edged.uplink.homeassistant import STATE_FILE as HA_STATE_FILE
 from edged.uplink.homeassistant import Discovery
 from edged.uplink.publisher import Publisher, topic_for
@@ -52,7 +51,7 @@ STOP_DEADLINE_S = 25.0  # everything stop() does, below TimeoutStopSec=30 in sys
 RELOAD_JOIN_S = 5.0  # a model swap in progress (a TensorRT build can take minutes: it is abandoned)
 FLUSH_S = 10.0
 PUBLISHER_CLOSE_S = 3.0  # after the grace: `offline`, DISCONNECT, paho's thread
-DROP_WINDOW_S = 60.0  # results dropped within this make the daemon degraded
+DROP_WINDOW_S = RECENT_S  # a takeover suspicion or a seq gap this recent makes the daemon degraded
 ACK_STALL_S = 30.0  # connected, results waiting, and no PUBACK for this long: degraded
 
 
@@ -82,8 +81,6 @@ class Daemon:
         self._wake: Waker | None = None  # made by start()
         self._stopped = False
         self.watchdog_stopped = False
-        self._drops: deque[tuple[float, int]] = deque(maxlen=4096)
-        self._dead: deque[tuple[float, int]] = deque(maxlen=4096)  # (when, spool.dead_letters) for reasons()
         self.mqtt_stats = MqttStats(enabled=config.mqtt.enabled)
         self.pipelines = [
             PipelineRunner(
@@ -423,21 +420,13 @@ class Daemon:
         out = []
         if spool.get("error"):
             out.append(str(spool["error"]))
-        dropped = int(spool.get("dropped", 0))
-        now = time.monotonic()
-        self._drops.append((now, dropped))
-        while len(self._drops) > 1 and self._drops[0][0] < now - DROP_WINDOW_S:
-            self._drops.popleft()
-        recent = dropped - self._drops[0][1]
+        recent = int(spool.get("dropped_recent", 0))
         if recent > 0:
-            out.append(f"{recent} result(s) dropped in the last {DROP_WINDOW_S:.0f} s (see spool.dropped_by_reason)")
-        dead = int(spool.get("dead_letters", 0))
-        self._dead.append((now, dead))
-        while len(self._dead) > 1 and self._dead[0][0] < now - DROP_WINDOW_S:
-            self._dead.popleft()
-        if dead - self._dead[0][1] > 0:  # refused by the broker for good: not delivered
+            out.append(f"{recent} result(s) dropped in the last {RECENT_S:.0f} s (see spool.dropped_by_reason)")
+        dead = int(spool.get("dead_letters_recent", 0))
+        if dead > 0:  # refused by the broker for good: not delivered
             out.append(
-                f"{dead - self._dead[0][1]} result(s) set aside as dead letters in the last {DROP_WINDOW_S:.0f} s: "
+                f"{dead} result(s) set aside as dead letters in the last {RECENT_S:.0f} s: "
                 f"{self.mqtt_stats.last_error or 'the broker refused them'}"
             )
         gaps = [g for g in spool.get("seq_gaps") or () if time.time() - float(g.get("ts", 0)) < DROP_WINDOW_S]

@@ -297,6 +297,7 @@ def test_quota_reached_during_an_outage_drop_counters_match_exactly(
     kept = {r.seq for r in spool.fetch(0, 1000)}
     dropped = spool.stats()["dropped_by_reason"]
     assert sum(dropped.values()) == produced - len(kept)  # every result: stored or counted
+    assert spool.stats()["dropped_recent"] == sum(dropped.values())  # all within the minute: a status reason
     own_broker.start()
     sub = subscribe(own_broker, "edged/quota/#")
     wait_for(lambda: spool.depth == 0, 30, "the backlog drained")

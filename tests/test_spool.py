@@ -13,6 +13,7 @@ import pytest
 from conftest import wait_for
 
 from edged.core.errors import SpoolError
+from edged.core.recent import Recent
 from edged.store.seqlease import LEASE_MAX, LEASE_MIN, SeqAllocator, SeqGap
 from edged.store.spool import Spool, SpoolConfig
 
@@ -499,3 +500,16 @@ def test_the_lease_is_renewed_ahead_on_its_own_thread_which_stops_with_the_spool
     wait_for(lambda: json.loads(lease.read_text())["lease"]["a"] > LEASE_MIN, 10, "the lease renewed ahead")
     spool.close()
     assert not renewer.is_alive()
+
+
+def test_recent_growth_is_a_pure_read_of_what_was_noted() -> None:
+    """The status reasons' "in the last 60 s" figures: reading them changes nothing; a total that grew inside
+    the window counts, one that grew before it does not."""
+    recent = Recent(window_s=3600.0, total=5)
+    assert recent.growth() == 0
+    recent.note(5)  # unchanged: nothing
+    recent.note(9)
+    assert [recent.growth() for _ in range(3)] == [4, 4, 4]
+    old = Recent(window_s=0.0, total=5)
+    old.note(9)  # a window of nothing: what grew is already outside it
+    assert old.growth() == 0

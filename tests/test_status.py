@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import base_config, make_video, wait_for
+from conftest import StartDaemon, base_config, free_port, make_video, wait_for, write_config
 
 from edged.config import config_from_dict
 from edged.core import stats as stats_module
 from edged.core.errors import StatusError
 from edged.core.stats import MqttStats
 from edged.daemon import Daemon
+from edged.ops.reasons import explain
 from edged.ops.status import StatusServer, exit_code, query
 from edged.ops.statusview import duration, render
 
@@ -315,3 +316,23 @@ def test_the_published_rate_reflects_the_last_seconds(monkeypatch: pytest.Monkey
     assert stats.snapshot()["published_per_s"] == pytest.approx(100.0, abs=0.2)
     clock.now += 4.0  # idle for 4 s: 6 s of the 10 s window still hold results
     assert stats.snapshot()["published_per_s"] == pytest.approx(60.0, abs=0.2)
+
+
+@pytest.mark.integration
+def test_results_dropped_for_a_full_spool_make_the_status_degraded_and_say_so(
+    tmp_path: Path, tiny_model: Path, start_daemon: StartDaemon
+) -> None:
+    """Health never lies: with the broker away and a spool that holds a few results, the oldest give way;
+    status says so in a reasons line the troubleshooting page explains, and asking twice changes nothing."""
+    cfg = base_config(tmp_path, tiny_model, str(make_video(tmp_path / "v.mp4", 40)), broker=None, fps=20, loop=True,
+                      stop_at_end=False)  # fmt: skip
+    cfg["mqtt"] |= {"enabled": True, "port": free_port()}  # nothing listens: results wait, then give way
+    cfg["spool"] |= {"max_bytes": "4KiB", "min_free_bytes": 0, "ballast_bytes": 0}
+    daemon = start_daemon(write_config(tmp_path / "edged.yaml", cfg))
+    snap = wait_for(lambda: (s := daemon.status()) and s["spool"]["dropped"] > 0 and s, 60, "results dropped")
+    snap = wait_for(lambda: (s := daemon.status()) and any("dropped in the last" in r for r in s["reasons"]) and s,
+                    10, "the drop reason")  # fmt: skip
+    assert snap["state"] == "degraded"
+    assert snap["spool"]["dropped_recent"] > 0
+    line = next(r for r in snap["reasons"] if "dropped in the last" in r)
+    assert explain(line) is not None

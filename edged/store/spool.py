@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from edged.core.errors import SpoolError
+from edged.core.recent import Recent
 from edged.core.threads import Supervised
 from edged.store import spooldb
 from edged.store.diskspace import Ballast, free_bytes
@@ -51,6 +52,7 @@ CHECK_INLINE_BYTES = 64 * 2**20  # files up to this size are checked before star
 RECLAIM_MIN_BYTES = 8 * 2**20  # freelist bytes above which a commit gives pages back to the filesystem
 RECLAIM_PAGES = 2048  # pages one commit gives back at most
 GAPS_KEPT = 20
+RECENT_S = 60.0  # `dropped_recent` and `dead_letters_recent` count this far back (a status reason while > 0)
 QUEUE_MAX = 1024  # unacknowledged results waiting in memory at most; append() blocks beyond (a slow disk)
 
 
@@ -122,6 +124,9 @@ class Spool:
         committed: dict[str, int] = state["seqs"]
         if self.recovered_from is not None:
             self._count_quarantined(self.recovered_from, committed)
+        # drops and dead letters of the last minute, for status reasons (read anywhere, noted at each commit)
+        self.recent_drops = Recent(RECENT_S, sum(self._n.dropped.values()))
+        self.recent_dead = Recent(RECENT_S, self._n.dead_letters)
         # the settled marks are trusted across a power cut only when every commit is fsync'd
         self.seqs = SeqAllocator(_floor_path(path), committed, self.settled if self.sync == "full" else None)
         self._gaps: list[dict[str, Any]] = state["gaps"]
@@ -386,6 +391,8 @@ class Spool:
                 "dropped": sum(n.dropped.values()),
                 "dropped_by_reason": dict(n.dropped),
                 "dead_letters": n.dead_letters,
+                "dropped_recent": self.recent_drops.growth(),
+                "dead_letters_recent": self.recent_dead.growth(),
                 "uncertain": n.uncertain,
                 "uncommitted": box.unacked_pending(),
                 "acked_before_commit": box.acked_pending,
@@ -468,6 +475,8 @@ class Spool:
                     break
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+        self.recent_drops.note(sum(n.dropped.values()))
+        self.recent_dead.note(n.dead_letters)
         with self._cond:
             self._n = n
             self.outbox.committed(batch)
