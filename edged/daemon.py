@@ -165,7 +165,7 @@ class Daemon:
         if self.config.control is None or self.publisher is None:
             return
         self.controller = Controller(
-            self.config.control, self.config.device_id, self.config.state_dir, target=self, outbox=self.publisher.side
+            self.config.control, self.config.device_id, self.config.state_dir, target=self, side=self.publisher.side
         )
         self.publisher.add_hook(self.controller)  # its command topics ride on the connection
 
@@ -307,7 +307,7 @@ class Daemon:
             (now + LOG_EVERY_S, LOG_EVERY_S, lambda: log.info("%s", self.status_line()))
         ]
         if self.controller is not None:  # the retained state follows health changes
-            timers.append((now + STATUS_EVERY_S, STATUS_EVERY_S, self.controller.publish_state))
+            timers.append((now + STATUS_EVERY_S, STATUS_EVERY_S, self.controller.report_state))
         if os.environ.get("NOTIFY_SOCKET"):
             timers.append((now, STATUS_EVERY_S, lambda: notify("STATUS=" + self.status_line())))
         ping_every = watchdog_interval()

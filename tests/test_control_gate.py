@@ -97,3 +97,19 @@ def test_check_config_names_a_bad_public_key_and_control_without_mqtt(tmp_path: 
     with pytest.raises(ConfigError) as err:
         parse_config(text.replace('"abc"', f'"{public}"'), "edged.yaml")
     assert "control needs mqtt" in err.value.problems[0]
+
+
+def test_control_events_topic_is_now_replies_topic_and_the_old_name_still_works(
+    keys: tuple[Any, str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """`control.events_topic` (command replies, not spooled) shared its name with `mqtt.events_topic` (tracking
+    events, spooled): renamed, the old key kept with a warning."""
+    _, public, _ = keys
+    new = ControlConfig.model_validate({"public_keys": [public], "replies_topic": "ops/{device_id}/replies"})
+    assert new.replies_topic == "ops/{device_id}/replies"
+    with caplog.at_level("WARNING"):
+        old = ControlConfig.model_validate({"public_keys": [public], "events_topic": "ops/{device_id}/replies"})
+    assert old.replies_topic == "ops/{device_id}/replies"
+    assert "control.events_topic is now control.replies_topic" in caplog.text
+    with pytest.raises(ValueError, match=r"old name of control\.replies_topic"):
+        ControlConfig.model_validate({"public_keys": [public], "events_topic": "a", "replies_topic": "b"})

@@ -56,7 +56,7 @@ class ControlTarget(RolloutTarget, Protocol):
     frame taps, pipeline configs) is all of it."""
 
 
-class Outbox(Protocol):
+class SideSender(Protocol):
     """Where replies, events and the state go (the publisher's side channel)."""
 
     def send(self, message: SideMessage) -> None:
@@ -92,7 +92,7 @@ class Controller(Supervised, Hook):
     """The `edged-control` thread, riding on the publisher's connection as a hook (uplink/session.py)."""
 
     def __init__(
-        self, cfg: ControlConfig, device_id: str, state_dir: Path, *, target: ControlTarget, outbox: Outbox | None
+        self, cfg: ControlConfig, device_id: str, state_dir: Path, *, target: ControlTarget, side: SideSender | None
     ) -> None:
         super().__init__("edged-control")
         self.cfg = cfg
@@ -100,8 +100,8 @@ class Controller(Supervised, Hook):
         self.state_dir = state_dir
         self.target = target
         self.gate = CommandGate(cfg, device_id, state_dir)
-        self.outbox = outbox  # None: nothing goes out (a controller tested alone)
-        self.events_topic = topic_for(cfg.events_topic, device_id)
+        self.side = side  # None: nothing goes out (a controller tested alone)
+        self.replies_topic = topic_for(cfg.replies_topic, device_id)
         self.state_topic = topic_for(cfg.state_topic, device_id)
         self._queue: queue.Queue[tuple[str, bytes, str | None, bytes | None] | None] = queue.Queue(QUEUE_MAX)
         self._lock = threading.Lock()
@@ -165,9 +165,9 @@ class Controller(Supervised, Hook):
             self._started_sent = True
             self.event("started", version=__version__)
         collector = self._collector
-        if collector is not None and self.outbox is not None:  # a new connection: subscribe to the chunks again
-            self.outbox.send(SideMessage(f"{MQTT_PREFIX}/{collector.sha256}/#", b"", op="subscribe"))
-        self.publish_state(force=True)
+        if collector is not None and self.side is not None:  # a new connection: subscribe to the chunks again
+            self.side.send(SideMessage(f"{MQTT_PREFIX}/{collector.sha256}/#", b"", op="subscribe"))
+        self.report_state(force=True)
 
     def stop(self, timeout: float) -> None:
         """Finish the command in progress (within `timeout`; a rollout's watch ends early), then end."""
@@ -252,7 +252,7 @@ class Controller(Supervised, Hook):
             self._count_rollout(command.name, "kept" if ok and command.name == "model" else None)
             self._answer(command, response_topic, correlation, ok=ok, reason=None if ok else "failed",
                          detail=detail, took_s=took)  # fmt: skip
-        self.publish_state()
+        self.report_state()
 
     def _count_rollout(self, name: str, reason: str | None) -> None:
         outcome = "kept" if reason == "kept" else ROLLOUT_OUTCOMES.get(reason or "")
@@ -273,20 +273,20 @@ class Controller(Supervised, Hook):
         body = {"v": 1, "device": self.device_id, "ts": round(time.time(), 3), "event": "command",
                 "cmd": command.name if command else None, "id": command.id if command else None, **fields}  # fmt: skip
         payload = json.dumps(body, default=str).encode("utf-8")
-        if self.outbox is None:
+        if self.side is None:
             return
         if response_topic and command is not None:  # an unauthenticated sender gets no private reply
-            self.outbox.send(SideMessage(response_topic, payload, correlation=correlation))
-        self.outbox.send(SideMessage(self.events_topic, payload))
+            self.side.send(SideMessage(response_topic, payload, correlation=correlation))
+        self.side.send(SideMessage(self.replies_topic, payload))
 
     # -- events and state --------------------------------------------------------------------------------
 
     def event(self, name: str, **fields: Any) -> None:
         """A lifecycle event on the events topic (started, degraded, recovered, reloaded, ...)."""
-        if self.outbox is None:
+        if self.side is None:
             return
         body = {"v": 1, "device": self.device_id, "ts": round(time.time(), 3), "event": name, **fields}
-        self.outbox.send(SideMessage(self.events_topic, json.dumps(body, default=str).encode("utf-8")))
+        self.side.send(SideMessage(self.replies_topic, json.dumps(body, default=str).encode("utf-8")))
 
     def reported_state(self) -> dict[str, Any]:
         """The retained state: what runs here (no timestamp inside, so an unchanged state is not re-sent)."""
@@ -302,9 +302,9 @@ class Controller(Supervised, Hook):
                 "reasons": snap.get("reasons", []), "config_sha256": config_sha, "groups": self.cfg.groups,
                 "pipelines": pipelines}  # fmt: skip
 
-    def publish_state(self, *, force: bool = False) -> None:
+    def report_state(self, *, force: bool = False) -> None:
         """Publish the retained state if it changed (or `force`); a health change is also an event."""
-        if self.outbox is None:
+        if self.side is None:
             return
         state = self.reported_state()
         text = json.dumps(state, sort_keys=True, default=str)
@@ -315,7 +315,7 @@ class Controller(Supervised, Hook):
             if was != state["health"] and state["health"] in ("degraded", "running"):
                 self.event("degraded" if state["health"] == "degraded" else "recovered", reasons=state["reasons"])
         if force or text != previous:
-            self.outbox.send(SideMessage(self.state_topic, text.encode("utf-8"), retain=True))
+            self.side.send(SideMessage(self.state_topic, text.encode("utf-8"), retain=True))
 
     def snapshot(self) -> dict[str, Any]:
         """The `control` entry of the status JSON."""
@@ -367,15 +367,15 @@ class Controller(Supervised, Hook):
 
     def _fetch_chunks(self, sha256: str, max_bytes: int, timeout: float) -> Path:
         """A model's retained chunks through the publisher's connection (subscribed for the download only)."""
-        if self.outbox is None:
+        if self.side is None:
             raise CommandError("failed", "no MQTT connection to fetch the model over")
         collector = ChunkCollector(sha256, max_bytes)
         topic = f"{MQTT_PREFIX}/{sha256}/#"
         self._collector = collector
-        self.outbox.send(SideMessage(topic, b"", op="subscribe"))
+        self.side.send(SideMessage(topic, b"", op="subscribe"))
         try:
             collector.done.wait(timeout)
         finally:
             self._collector = None
-            self.outbox.send(SideMessage(topic, b"", op="unsubscribe"))
+            self.side.send(SideMessage(topic, b"", op="unsubscribe"))
         return write_chunks(collector, self.state_dir / "models", max_bytes=max_bytes)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from edged.control.commands import ALL_COMMANDS, CMD_TOPIC, GROUP_TOPIC, CommandName
 from edged.core.settings import NAME_PATTERN, Strict
 from edged.core.signing import load_public_key
 from edged.uplink.settings import check_topic_template
+
+log = logging.getLogger(__name__)
 
 
 def _check_key(text: str) -> None:
@@ -47,7 +51,12 @@ class ControlConfig(Strict):
     model_ca_file: Path | None = Field(None, description="CA bundle for https:// model URLs (default: the system's).")
     cmd_topic: str = Field(CMD_TOPIC, description="Commands arrive on <this>/<name>.")
     group_topic: str = Field(GROUP_TOPIC, description="Group commands arrive on <this>/<name>.")
-    events_topic: str = Field("edged/{device_id}/events", description="Command results and lifecycle events.")
+    replies_topic: str = Field(
+        "edged/{device_id}/events",
+        description="Command results (replies) and the device's lifecycle events (started, degraded, recovered); "
+        "not spooled. Was `control.events_topic`, a name `mqtt.events_topic` (tracking events, spooled) also has: "
+        "the old name still works, with a warning.",
+    )
     state_topic: str = Field("edged/{device_id}/state", description="Retained reported state.")
 
     @field_validator("public_keys")
@@ -65,7 +74,17 @@ class ControlConfig(Strict):
                 raise ValueError(f"group {name!r}: [A-Za-z0-9_.-], at most 64 characters")
         return value
 
-    @field_validator("cmd_topic", "group_topic", "events_topic", "state_topic")
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "events_topic" in data:
+            if "replies_topic" in data:
+                raise ValueError("control.events_topic is the old name of control.replies_topic: give only the new")
+            log.warning("config: control.events_topic is now control.replies_topic (the old name still works)")
+            data = {("replies_topic" if k == "events_topic" else k): v for k, v in data.items()}
+        return data
+
+    @field_validator("cmd_topic", "group_topic", "replies_topic", "state_topic")
     @classmethod
     def _topic(cls, value: str) -> str:
         check_topic_template(value.replace("{group}", "g"))
