@@ -328,6 +328,45 @@ class DaemonProc:
 StartDaemon = Callable[[Path], "DaemonProc"]
 
 
+class NotifySocket:
+    """Stands in for systemd's NOTIFY_SOCKET: collects the datagrams the daemon sends."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        self.messages: list[str] = []
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._read, name="test-notify", daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.messages.append(self.sock.recv(4096).decode())
+            except TimeoutError:  # noqa: PERF203  (a poll loop, not a hot path)
+                continue
+
+    def count(self, prefix: str) -> int:
+        return sum(m.startswith(prefix) for m in list(self.messages))
+
+    def close(self) -> None:
+        self._stop.set()
+        self.thread.join(2)
+        self.sock.close()
+
+
+@pytest.fixture
+def notify_socket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[NotifySocket]:
+    path = tmp_path / "notify"
+    ns = NotifySocket(path)  # a datagram socket standing in for systemd's
+    monkeypatch.setenv("NOTIFY_SOCKET", str(path))
+    monkeypatch.setenv("WATCHDOG_USEC", "200000")  # WatchdogSec=0.2s: a ping every 0.1 s
+    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
+    yield ns
+    ns.close()
+
+
 @pytest.fixture
 def start_daemon() -> Iterator[Callable[[Path], DaemonProc]]:
     procs: list[DaemonProc] = []

@@ -1,14 +1,13 @@
-"""Living on the device: systemd unit gates, the notify protocol and watchdog, reload and model swap."""
+"""Living on the device: systemd unit gates, the notify protocol and watchdog, stopping within one deadline, one
+daemon per state_dir, logs, the status socket (reload and model swap: test_reload.py)."""
 
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shutil
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -17,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, base_config, make_tiny_model, make_video, wait_for, write_config
+from conftest import REPO, NotifySocket, base_config, make_video, wait_for, write_config
+from inprocess import SilentCamera, finish, live_daemon, start
 
 from edged.config import config_from_dict
 from edged.daemon import Daemon
@@ -93,52 +93,6 @@ def test_unit_has_the_settings_operators_rely_on() -> None:
 # -- notify protocol and watchdog ------------------------------------------------------------------------
 
 
-class NotifySocket:
-    """Stands in for systemd's NOTIFY_SOCKET: collects the datagrams the daemon sends."""
-
-    def __init__(self, path: Path) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.sock.settimeout(0.2)
-        self.messages: list[str] = []
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._read, name="test-notify", daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.messages.append(self.sock.recv(4096).decode())
-            except TimeoutError:  # noqa: PERF203  (a poll loop, not a hot path)
-                continue
-
-    def count(self, prefix: str) -> int:
-        return sum(m.startswith(prefix) for m in list(self.messages))
-
-    def close(self) -> None:
-        self._stop.set()
-        self.thread.join(2)
-        self.sock.close()
-
-
-@pytest.fixture
-def notify_socket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    path = tmp_path / "notify"
-    ns = NotifySocket(path)
-    monkeypatch.setenv("NOTIFY_SOCKET", str(path))
-    monkeypatch.setenv("WATCHDOG_USEC", "200000")  # WatchdogSec=0.2s: a ping every 0.1 s
-    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
-    yield ns
-    ns.close()
-
-
-def live_daemon(tmp_path: Path, model: Path, **top: Any) -> Daemon:
-    video = make_video(tmp_path / "v.mp4", 30)
-    cfg = base_config(tmp_path, model, str(video), fps=50, loop=True, stop_at_end=False)
-    cfg.update(top)
-    return Daemon(config_from_dict(cfg))
-
-
 @pytest.mark.integration
 def test_notify_order_and_a_hung_model_run_silences_the_watchdog(
     tmp_path: Path, tiny_model: Path, notify_socket: NotifySocket, monkeypatch: pytest.MonkeyPatch
@@ -174,94 +128,6 @@ def test_notify_order_and_a_hung_model_run_silences_the_watchdog(
 
 
 # -- reload and model swap ---------------------------------------------------------------------------------
-
-
-def results(state_dir: Path) -> list[dict[str, Any]]:
-    import json
-
-    with sqlite3.connect(state_dir / "spool.db") as conn:
-        return [json.loads(p) for (p,) in conn.execute("SELECT payload FROM results ORDER BY id")]
-
-
-@pytest.mark.integration
-def test_sighup_rejects_a_bad_config_and_swaps_the_model_of_a_good_one(
-    tmp_path: Path, start_daemon: Any, notify_socket: NotifySocket
-) -> None:
-    model_a = make_tiny_model(tmp_path / "a.onnx")
-    model_b = make_tiny_model(tmp_path / "b.onnx", classes=3)
-    video = make_video(tmp_path / "v.mp4", 30)
-    cfg = base_config(tmp_path, model_a, str(video), fps=50, loop=True, stop_at_end=False)
-    config = write_config(tmp_path / "edged.yaml", cfg)
-    daemon = start_daemon(config)
-    wait_for(lambda: (s := daemon.status()) and s["pipelines"][0]["frames"] >= 10, 30, "results")
-    good = config.read_text()
-    config.write_text(good.replace("device_id", "devce_id"), encoding="utf-8")  # a typo
-    daemon.proc.send_signal(signal.SIGHUP)
-    snap = wait_for(lambda: (s := daemon.status()) and s["reload"]["result"] and s, 30, "the reload to finish")
-    assert snap["reload"]["result"] == "rejected"
-    assert "devce_id=" in snap["reload"]["notes"][0]
-    assert "unknown key" in snap["reload"]["notes"][0]
-    assert snap["state"] == "running"  # the old config keeps running
-    cfg["pipelines"][0]["model"]["path"] = str(model_b)
-    write_config(config, cfg)
-    daemon.proc.send_signal(signal.SIGHUP)
-    wait_for(lambda: (s := daemon.status()) and s["reload"]["result"] == "applied", 30, "the good reload")
-    old_sha = snap["pipelines"][0]["model"]["sha256"]
-    wait_for(lambda: (s := daemon.status()) and s["pipelines"][0]["model"]["sha256"] != old_sha, 30, "the swap")
-    frames = daemon.status()["pipelines"][0]["frames"]
-    wait_for(lambda: daemon.status()["pipelines"][0]["frames"] >= frames + 10, 30, "results from the new model")
-    code, err = daemon.stop()
-    assert code == 0, err
-    msgs = results(tmp_path / "state")
-    assert [m["seq"] for m in msgs] == list(range(1, len(msgs) + 1))  # no gap across the swap
-    shas = [m["model"]["sha256"] for m in msgs]
-    assert len(set(shas)) == 2  # each result names the model that produced it
-    switch = shas.index(shas[-1])
-    assert switch > 0
-    assert all(s == shas[-1] for s in shas[switch:])  # switched once, between two frames
-
-
-@pytest.mark.integration
-def test_model_file_replaced_under_load_swaps_and_a_broken_one_is_refused(tmp_path: Path, tiny_model: Path) -> None:
-    model = tmp_path / "model.onnx"
-    shutil.copy(tiny_model, model)
-    daemon = live_daemon(tmp_path, model)
-    daemon.reloader.poll_s = 0.1
-    daemon.start()
-    waiter = threading.Thread(target=daemon.wait, name="test-wait")
-    waiter.start()
-    wait_for(lambda: daemon.pipelines[0].stats.frames >= 10, 10, "results")
-    old_sha = daemon.pipelines[0].stats.model_sha256
-    # a broken file first: the old model keeps running and the status says why
-    broken = tmp_path / "broken.tmp"
-    broken.write_bytes(b"not a model")
-    broken.replace(model)
-    wait_for(lambda: "model swap failed" in (daemon.pipelines[0].stats.error or ""), 10, "a refused swap")
-    assert daemon.pipelines[0].stats.model_sha256 == old_sha
-    frames = daemon.pipelines[0].stats.frames
-    wait_for(lambda: daemon.pipelines[0].stats.frames >= frames + 10, 10, "still producing")
-    # then a good new model, moved into place the way operators should (atomic rename)
-    fresh = make_tiny_model(tmp_path / "fresh.tmp", classes=3)
-    fresh.replace(model)
-    wait_for(lambda: daemon.pipelines[0].stats.model_sha256 != old_sha, 10, "the swap")
-    frames = daemon.pipelines[0].stats.frames
-    wait_for(lambda: daemon.pipelines[0].stats.frames >= frames + 10, 10, "results from the new model")
-    daemon.request_stop()
-    waiter.join(10)
-    daemon.stop()
-    msgs = results(tmp_path / "state")
-    assert [m["seq"] for m in msgs] == list(range(1, len(msgs) + 1))
-    assert len({m["model"]["sha256"] for m in msgs}) == 2
-    assert daemon.pipelines[0].stats.error is None
-
-
-@pytest.mark.integration
-def test_pinned_sha256_refuses_another_model(tmp_path: Path, tiny_model: Path, start_daemon: Any) -> None:
-    cfg = base_config(tmp_path, tiny_model, str(make_video(tmp_path / "v.mp4", 3)))
-    cfg["pipelines"][0]["model"]["sha256"] = "0" * 64
-    code, err = start_daemon(write_config(tmp_path / "edged.yaml", cfg)).wait()
-    assert code == 1
-    assert "but model.sha256 pins 0000000000000000" in err
 
 
 # -- logs --------------------------------------------------------------------------------------------------
@@ -352,3 +218,71 @@ def test_status_says_whether_the_model_is_int8(tmp_path: Path, tiny_model: Path)
     assert is_quantized(REPO / "edged" / "assets" / "digits.int8.onnx")
     assert not is_quantized(REPO / "edged" / "assets" / "digits.fp32.onnx")
     assert not is_quantized(tiny_model)
+
+
+@pytest.mark.integration
+def test_stop_keeps_one_deadline_and_abandons_a_source_stuck_in_a_read(
+    tmp_path: Path, tiny_model: Path, caplog: Any, monkeypatch: Any
+) -> None:
+    # one SIGTERM took 30.4 s with a silent HTTP camera: every stop budget was added up (unit: TimeoutStopSec=30)
+    import logging
+
+    import edged.pipeline.runner
+
+    monkeypatch.setattr(edged.pipeline.runner, "SOURCE_JOIN_S", 0.5)
+    camera, second = SilentCamera(), SilentCamera(0)
+    cfg = base_config(tmp_path, tiny_model, "rtsp://camera.invalid/stream", stop_at_end=False)
+    daemon = Daemon(config_from_dict(cfg), source_kwargs={"capture_factory": lambda _c: camera})
+    waiter = start(daemon)
+    stopper = threading.Thread(target=lambda: finish(daemon, waiter), name="test-stop")
+    try:
+        stats = daemon.pipelines[0].stats
+        # a live source: the latest frame wins, so the model may skip some of the 20
+        wait_for(lambda: stats.frames_captured >= 20 and stats.frames >= 1, 30, "frames before the camera went silent")
+        with caplog.at_level(logging.WARNING, logger="edged.pipeline.runner"):
+            stopper.start()
+            stopper.join(60)
+        assert not stopper.is_alive(), "stop() did not return"
+        assert "did not stop within" in caplog.text
+        assert "abandoned" in caplog.text
+        # aftermath: every result was committed, and the next daemon on this state_dir starts
+        produced = stats.frames
+        assert daemon.left_in_spool == produced  # mqtt is off: every result waits in the spool
+        again = Daemon(config_from_dict(cfg), source_kwargs={"capture_factory": lambda _c: second})
+        again.start()
+        assert again.spool is not None
+        assert again.spool.depth == produced
+        again.stop()
+    finally:
+        camera.hang.set()
+        second.hang.set()
+
+
+@pytest.mark.integration
+def test_a_second_daemon_on_the_same_state_dir_is_refused_before_it_opens_anything(
+    tmp_path: Path, tiny_model: Path, start_daemon: Any
+) -> None:
+    video = make_video(tmp_path / "v.mp4", 30)
+    cfg = base_config(tmp_path, tiny_model, str(video), fps=30, loop=True, stop_at_end=False)
+    first = start_daemon(write_config(tmp_path / "a.yaml", cfg))
+    wait_for(lambda: (s := first.status()) and s["pipelines"][0]["frames"] >= 5, 30, "the first daemon's results")
+    other = {**cfg, "status": {"socket": str(tmp_path / "other.sock")}}  # a different socket: the probe misses it
+    second = start_daemon(write_config(tmp_path / "b.yaml", other))
+    code, err = second.wait(60)
+    assert code == 1
+    assert "another edged" in err
+    assert f"(pid {first.proc.pid})" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "other.sock").exists()
+    # aftermath: the first one never noticed; once it stops, a new daemon takes the state_dir
+    snap = first.status()
+    assert snap is not None
+    assert snap["state"] == "running", snap.get("reasons")
+    seq_before = snap["pipelines"][0]["frames"]
+    code, err = first.stop()
+    assert code == 0, err
+    third = start_daemon(write_config(tmp_path / "c.yaml", cfg))
+    wait_for(lambda: (s := third.status()) and s["pipelines"][0]["frames"] >= 5, 30, "the next daemon's results")
+    code, err = third.stop()
+    assert code == 0, err
+    assert seq_before > 0

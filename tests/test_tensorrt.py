@@ -1,145 +1,27 @@
-"""Several pipelines in one daemon: isolation of failures, the CPU core budget, TensorRT engine lifecycle."""
+"""TensorRT engines: the cache key, the cache folder, `building_engine` before READY, `edged prepare`. This
+machine has no GPU: the TensorRT session is a fake (said so in each test); the cache logic is real."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import sqlite3
-import threading
 from pathlib import Path
 from typing import Any
 
 import onnxruntime as ort
 import pytest
-from conftest import base_config, make_tiny_model, make_video, wait_for
+from conftest import base_config, make_tiny_model, make_video
+from inprocess import CPU, model
 
 from edged.config import config_from_dict
 from edged.daemon import Daemon
 from edged.model import engines, trtcache
-from edged.model.session import LoadedModel, share_cores, thread_plan
-from edged.model.settings import ModelConfig
 from edged.tools.prepare import prepare
 
-CPU = "CPUExecutionProvider"
 TRT = "TensorrtExecutionProvider"
 
 
-def seqs(state_dir: Path, pipeline: str) -> list[int]:
-    with sqlite3.connect(state_dir / "spool.db") as conn:
-        payloads = conn.execute("SELECT payload FROM results WHERE pipeline = ? ORDER BY id", (pipeline,))
-        return [json.loads(p)["seq"] for (p,) in payloads]
-
-
-def two_pipelines(tmp_path: Path, first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
-    cfg = base_config(tmp_path, make_tiny_model(tmp_path / "a.onnx"), "unused")
-    template = cfg["pipelines"][0]
-    b_model = make_tiny_model(tmp_path / "b.onnx")
-    cfg["pipelines"] = [
-        {**template, "name": "a", "source": {**template["source"], **first}},
-        {
-            **template,
-            "name": "b",
-            "source": {**template["source"], **second},
-            "model": {**template["model"], "path": str(b_model)},
-        },
-    ]
-    return cfg
-
-
-def by_name(snap: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(p for p in snap["pipelines"] if p["name"] == name)
-
-
-@pytest.mark.integration
-def test_a_dead_source_degrades_status_while_the_other_pipeline_keeps_producing(tmp_path: Path) -> None:
-    dying = make_video(tmp_path / "dying.mp4", 10)
-    video = make_video(tmp_path / "ok.mp4", 60)
-    # a: ends without stop_at_end, so it is reopened, and by then its file is gone (a camera unplugged)
-    cfg = two_pipelines(tmp_path, {"uri": str(dying), "stop_at_end": False}, {"uri": str(video)})
-    daemon = Daemon(config_from_dict(cfg))
-    daemon.start()
-    try:
-        wait_for(lambda: by_name(daemon.snapshot(), "a")["frames"] >= 10, 30, "pipeline a's frames")
-        dying.unlink()
-        wait_for(lambda: "file not found" in (by_name(daemon.snapshot(), "a")["error"] or ""), 30, "a failing")
-        wait_for(lambda: by_name(daemon.snapshot(), "b")["state"] == "ended", 60, "pipeline b to finish its file")
-        snap = daemon.snapshot()
-    finally:
-        daemon.stop()
-    assert snap["state"] == "degraded"
-    assert by_name(snap, "a")["state"] == "reconnecting"
-    assert by_name(snap, "a")["reconnects"] >= 1
-    assert by_name(snap, "b")["frames"] == 60
-    assert seqs(tmp_path / "state", "b") == list(range(1, 61))  # its own seq, untouched by a's trouble
-    assert not [t.name for t in threading.enumerate() if t.name.startswith("edged-")]
-
-
-@pytest.mark.integration
-def test_a_model_failing_at_run_time_stops_only_its_pipeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    video = make_video(tmp_path / "v.mp4", 30)
-    loop = {"uri": str(video), "loop": True, "stop_at_end": False}
-    daemon = Daemon(config_from_dict(two_pipelines(tmp_path, loop, loop)))
-    real_run = LoadedModel.run
-    calls = {"a": 0}
-
-    def flaky(self: LoadedModel, tensor: Any) -> Any:
-        # pipeline a's (real) model breaks at run time, as a GPU error would; b's is left alone
-        if self.path.name == "a.onnx":
-            calls["a"] += 1
-            if calls["a"] > 5:
-                raise RuntimeError("device lost")
-        return real_run(self, tensor)
-
-    monkeypatch.setattr(LoadedModel, "run", flaky)
-    daemon.start()
-    try:
-        wait_for(lambda: by_name(daemon.snapshot(), "a")["state"] == "failed", 30, "pipeline a to fail")
-        at_failure = by_name(daemon.snapshot(), "b")["frames"]
-        wait_for(lambda: by_name(daemon.snapshot(), "b")["frames"] >= at_failure + 30, 30, "b to go on")
-        snap = daemon.snapshot()
-    finally:
-        daemon.stop()
-    assert snap["state"] == "degraded"
-    assert "device lost" in by_name(snap, "a")["error"]
-    assert by_name(snap, "b")["state"] == "running"
-    b = seqs(tmp_path / "state", "b")
-    assert b == list(range(1, len(b) + 1))
-
-
 # -- the CPU core budget -------------------------------------------------------------------------------------
-
-
-def model(tmp_path: Path, **kw: Any) -> ModelConfig:
-    path = tmp_path / "m.onnx"
-    if not path.exists():
-        make_tiny_model(path)
-    return ModelConfig(path=path, **kw)
-
-
-def test_cores_are_shared_between_cpu_pipelines(tmp_path: Path) -> None:
-    auto = model(tmp_path)
-    assert share_cores([auto], [True], 4) == [4]
-    assert share_cores([auto, auto], [True, True], 4) == [2, 2]  # a 4-core Pi, two cameras
-    assert share_cores([auto, auto, auto], [True, True, True], 4) == [2, 1, 1]
-    assert share_cores([auto] * 6, [True] * 6, 4) == [1] * 6  # never below one core
-    assert share_cores([auto, auto], [False, True], 4) == [4, 4]  # a GPU pipeline does not count
-    pinned = model(tmp_path, concurrency=1, threads=3)
-    assert share_cores([pinned, auto], [True, True], 4) == [3, 1]  # explicit settings take their cores first
-    # and each pipeline plans within its share
-    assert [thread_plan(auto, CPU, c) for c in share_cores([auto, auto], [True, True], 4)] == [(2, 1), (2, 1)]
-
-
-def test_two_cpu_pipelines_in_the_daemon_get_half_the_cores_each(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr("edged.daemon.usable_cores", lambda: 4)
-    video = make_video(tmp_path / "v.mp4", 3)
-    daemon = Daemon(config_from_dict(two_pipelines(tmp_path, {"uri": str(video)}, {"uri": str(video)})))
-    daemon.start()
-    try:
-        assert [len(rt.workers) for rt in daemon.pipelines] == [2, 2]
-    finally:
-        daemon.stop()
 
 
 # -- TensorRT engine lifecycle (no GPU needed) -------------------------------------------------------------------
