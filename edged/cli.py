@@ -6,9 +6,11 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from edged import __version__
+from edged.control.names import ALL_COMMANDS
 from edged.core.configfile import default_config_path
 from edged.core.errors import ConfigError, EdgedError
 from edged.ops.logs import setup_logging
@@ -21,7 +23,6 @@ CANDIDATE_CHECK = (sys.executable, "-m", "edged.tools.candidate")
 
 log = logging.getLogger("edged")
 TOOLS = ("inspect", "quantize", "validate", "bench", "budget", "record")
-FLEET = {"ingest": "run_ingest_command", "fleet": "run_fleet_command"}
 
 # Every command's exit status, shown at the end of its --help (and in docs/getting-started.md's command table). Any
 # command exits 1 on an error it can name (a line on stderr says what; never a traceback) and 2 on a
@@ -189,8 +190,6 @@ def _ingest_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     i.add_argument("--report", action="store_true", help="say which device lost which results and why; exit 1 "
                    "when some were lost without a reason")  # fmt: skip
     i.add_argument("--json", action="store_true", help="--report as JSON")
-    i.add_argument("--host", default="localhost", help="MQTT broker host")
-    i.add_argument("--port", type=int, default=1883, help="MQTT broker port")
     i.add_argument("--protocol", choices=("5", "3.1.1"), default="5",
                    help="MQTT version (default 5; 3.1.1 for a broker without 5: no shared subscriptions)")  # fmt: skip
     i.add_argument("--group", default="edged-ingest", help="shared-subscription group ('' = plain subscription)")
@@ -199,11 +198,7 @@ def _ingest_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     i.add_argument("--stats-topic", default="edged/+/stats", help="the devices' stats topic filter")
     i.add_argument("--batch", type=int, default=1000, help="results per transaction at most")
     i.add_argument("--session-expiry", type=int, default=86_400, help="seconds the broker keeps our session")
-    i.add_argument("--ca-file", type=Path, help="TLS: CA of the broker's certificate")
-    i.add_argument("--cert-file", type=Path, help="TLS: client certificate")
-    i.add_argument("--key-file", type=Path, help="TLS: client key")
-    i.add_argument("--username", help="MQTT user name")
-    i.add_argument("--password-file", type=Path, help="file holding the MQTT password (not readable by others)")
+    _broker_args(i)
 
 
 def _fleet_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
@@ -216,9 +211,7 @@ def _fleet_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
         help="send one signed command; print the devices' answers",
         description="Send one signed command and print the devices' answers as JSON, by device.",
     )
-    send.add_argument(
-        "cmd", choices=["status", "reload", "config", "record", "model"], help="the command (docs/fleet.md)"
-    )
+    send.add_argument("cmd", choices=ALL_COMMANDS, help="the command (docs/fleet.md)")
     to = send.add_mutually_exclusive_group(required=True)
     to.add_argument("--device", help="one device id")
     to.add_argument("--group", help="every device in this group (control.groups)")
@@ -263,6 +256,8 @@ def _fleet_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
 
 
 def _broker_args(p: argparse.ArgumentParser) -> None:
+    """How a command on the operator's side reaches the broker: one declaration for ingest, fleet send and
+    fleet rollout."""
     p.add_argument("--host", default="localhost", help="MQTT broker host")
     p.add_argument("--port", type=int, default=1883, help="MQTT broker port")
     p.add_argument("--ca-file", type=Path, help="TLS: CA of the broker's certificate")
@@ -272,10 +267,10 @@ def _broker_args(p: argparse.ArgumentParser) -> None:
         dest="key_file_tls",
         metavar="KEY_FILE",
         type=Path,
-        help="TLS: the client certificate's key (not the signing key)",
+        help="TLS: the client certificate's key (not a signing key)",
     )
     p.add_argument("--username", help="MQTT user name")
-    p.add_argument("--password-file", type=Path, help="file holding the MQTT password")
+    p.add_argument("--password-file", type=Path, help="file holding the MQTT password (not readable by others)")
 
 
 def _inspect_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
@@ -421,37 +416,13 @@ def _budget_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     g.add_argument("--json", action="store_true", help="machine-readable report")
 
 
-def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911  (one return per command)
+def main(argv: list[str] | None = None) -> int:
     """Entry point of the `edged` console script."""
     args = _parser().parse_args(argv)
     setup_logging(logging.DEBUG if args.verbose else logging.INFO)
+    command = COMMANDS.get(args.command, _command_tool if args.command in TOOLS else _command_run)
     try:
-        if args.command == "check-config":
-            return _check_config(args.file, verbose=args.verbose)
-        if args.command == "prepare":
-            from edged.config import load_config  # noqa: PLC0415  (the schema imports every stage)
-            from edged.tools.prepare import prepare  # noqa: PLC0415
-
-            return prepare(load_config(args.config or default_config_path()))
-        if args.command == "status":
-            return _status(
-                args.config, args.socket, as_json=args.json, wide=args.wide, watch=args.watch, interval=args.interval
-            )
-        if args.command in TOOLS:
-            from edged.tools.commands import run_tool  # noqa: PLC0415
-
-            return run_tool(args)
-        if args.command in FLEET:
-            from edged.fleet import commands  # noqa: PLC0415  (psycopg, cryptography: only when asked)
-
-            return int(getattr(commands, FLEET[args.command])(args))
-        if args.command == "demo":
-            from edged.demo import run_demo  # noqa: PLC0415  (keeps `edged status` light)
-
-            return run_demo(
-                state_dir=args.state_dir, host=args.host, port=args.port, fps=args.fps, loop=args.loop, quiet=args.quiet
-            )
-        return _run(args.config or default_config_path(), verbose=args.verbose)
+        return command(args)
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
@@ -459,6 +430,66 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911  (one return pe
     except EdgedError as exc:
         print(f"edged: error: {exc}", file=sys.stderr)
         return EXIT_NOT_RUNNING if args.command == "status" else 1
+
+
+# each command's function; the heavy parts are imported only when their command runs (`edged status` stays light)
+
+
+def _command_check_config(args: argparse.Namespace) -> int:
+    return _check_config(args.file, verbose=args.verbose)
+
+
+def _command_prepare(args: argparse.Namespace) -> int:
+    from edged.config import load_config  # noqa: PLC0415  (the schema imports every stage)
+    from edged.tools.prepare import prepare  # noqa: PLC0415
+
+    return prepare(load_config(args.config or default_config_path()))
+
+
+def _command_status(args: argparse.Namespace) -> int:
+    return _status(
+        args.config, args.socket, as_json=args.json, wide=args.wide, watch=args.watch, interval=args.interval
+    )
+
+
+def _command_tool(args: argparse.Namespace) -> int:
+    from edged.tools.commands import run_tool  # noqa: PLC0415
+
+    return run_tool(args)
+
+
+def _command_ingest(args: argparse.Namespace) -> int:
+    from edged.fleet.commands import run_ingest_command  # noqa: PLC0415  (psycopg: only when asked)
+
+    return run_ingest_command(args)
+
+
+def _command_fleet(args: argparse.Namespace) -> int:
+    from edged.fleet.commands import run_fleet_command  # noqa: PLC0415  (cryptography: only when asked)
+
+    return run_fleet_command(args)
+
+
+def _command_demo(args: argparse.Namespace) -> int:
+    from edged.demo import run_demo  # noqa: PLC0415
+
+    return run_demo(state_dir=args.state_dir, host=args.host, port=args.port, fps=args.fps, loop=args.loop,
+                    quiet=args.quiet)  # fmt: skip
+
+
+def _command_run(args: argparse.Namespace) -> int:
+    return _run(args.config or default_config_path(), verbose=args.verbose)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "check-config": _command_check_config,
+    "prepare": _command_prepare,
+    "status": _command_status,
+    "ingest": _command_ingest,
+    "fleet": _command_fleet,
+    "demo": _command_demo,
+    "run": _command_run,
+}
 
 
 def _check_config(path: Path, *, verbose: bool = False) -> int:

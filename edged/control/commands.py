@@ -19,10 +19,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from edged.control.names import ALL_COMMANDS, CommandName
 from edged.uplink.mqttclient import topic_for
 
-CommandName = Literal["reload", "status", "config", "record", "model"]
-ALL_COMMANDS: tuple[CommandName, ...] = ("reload", "status", "config", "record", "model")
+__all__ = ["ALL_COMMANDS", "CommandName", "Envelope", "command_topic", "new_command"]
+
 VERSION = 1
 GROUP = "group:"  # a target that names a group: group:<name>
 CMD_TOPIC = "edged/{device_id}/cmd"

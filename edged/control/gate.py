@@ -21,7 +21,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from edged.control.commands import GROUP, CommandName, Envelope, device_prefix, group_prefix
+from edged.control.commands import GROUP, Envelope, device_prefix, group_prefix
+from edged.control.names import CommandName
 from edged.control.settings import ControlConfig
 from edged.core.durable import read_json, write_atomic
 from edged.core.errors import CommandError

@@ -40,7 +40,7 @@ def _options(args: argparse.Namespace) -> IngestOptions:
         session_expiry_s=args.session_expiry,
         ca_file=args.ca_file,
         cert_file=args.cert_file,
-        key_file=args.key_file,
+        key_file=args.key_file_tls,
         username=args.username,
         password_file=args.password_file,
     )
