@@ -24,6 +24,7 @@ from edged.core.threads import Supervised
 from edged.core.waker import Waker
 from edged.model import engines
 from edged.model.session import CPU, TENSORRT, select_providers, share_cores, usable_cores
+from edged.ops import reasons
 from edged.ops.metrics import MetricsServer, TextfileWriter, start_metrics
 from edged.ops.reload import Reloader
 from edged.ops.statelock import StateLock
@@ -36,7 +37,7 @@ from edged.pipeline.runner import PipelineRunner
 from edged.pipeline.settings import PipelineConfig
 from edged.pipeline.worker import ResultHook
 from edged.store.seqlease import SeqGap
-from edged.store.spool import RECENT_S, Spool
+from edged.store.spool import Spool
 from edged.uplink.homeassistant import STATE_FILE as HA_STATE_FILE
 from edged.uplink.homeassistant import Discovery
 from edged.uplink.publisher import Publisher, topic_for
@@ -51,8 +52,6 @@ STOP_DEADLINE_S = 25.0  # everything stop() does, below TimeoutStopSec=30 in sys
 RELOAD_JOIN_S = 5.0  # a model swap in progress (a TensorRT build can take minutes: it is abandoned)
 FLUSH_S = 10.0
 PUBLISHER_CLOSE_S = 3.0  # after the grace: `offline`, DISCONNECT, paho's thread
-DROP_WINDOW_S = RECENT_S  # a takeover suspicion or a seq gap this recent makes the daemon degraded
-ACK_STALL_S = 30.0  # connected, results waiting, and no PUBACK for this long: degraded
 
 
 class Daemon:
@@ -374,38 +373,20 @@ class Daemon:
         return "degraded" if self.reasons() else "running"
 
     def reasons(self, spool: dict[str, Any] | None = None) -> list[str]:
-        """Why the daemon is not fully working, one line each; empty when everything works."""
-        out = [
-            f"pipeline {runner.name} {runner.stats.state}" + (f": {runner.stats.error}" if runner.stats.error else "")
-            for runner in self.pipelines
-            if runner.stats.state in ("reconnecting", "failed", "waiting")  # waiting: a sensor sends no data
-        ]
-        for runner in self.pipelines:
-            out += runner.deaths()
-        # the daemon's own threads live as long as it runs: one that ended died, with or without a cause
-        owned = (self.publisher, self.status_server, self.reloader, self.controller, *self.metrics)
-        threads: list[Supervised] = [t for t in owned if t is not None]
+        """Why the daemon is not fully working, one line each (ops/reasons.py); empty when everything works.
+        A pure read: any thread may ask."""
+        owned: list[Supervised | None] = [self.publisher, self.status_server, self.reloader, self.controller,
+                                          *self.metrics]  # fmt: skip
         if self.spool is not None:
-            threads += [t for t in (self.spool.writer, self.spool.seqs.renewer) if t is not None]
-        out += [t.died() or f"thread {t.name} died" for t in threads if t.ident and not t.is_alive()]
-        if self.config.mqtt.enabled:
-            out += self._broker_reasons()
-        if spool is None and self.spool is not None:
-            spool = self.spool.stats()
-        spool = spool or {}
-        out += self._spool_reasons(spool)
-        return out
-
-    def _broker_reasons(self) -> list[str]:
-        """Not connected (and why, in the broker's words), and what the broker cannot do that edged needs."""
-        mqtt = self.mqtt_stats
-        with mqtt.lock:
-            connected, last, problems = mqtt.connected, mqtt.last_error, list(mqtt.broker_problems)
-            suspicion = mqtt.suspicion
-        out = [] if connected else [f"broker not connected: {last}" if last else "broker not connected"]
-        if suspicion is not None and time.monotonic() - suspicion[0] < DROP_WINDOW_S:  # still going on, maybe
-            out.append(suspicion[1])
-        return out + problems
+            owned += [self.spool.writer, self.spool.seqs.renewer]
+        if spool is None:
+            spool = self.spool.stats() if self.spool is not None else {}
+        return [
+            *reasons.pipeline_reasons(self.pipelines),
+            *reasons.thread_reasons(owned),
+            *(reasons.broker_reasons(self.mqtt_stats) if self.config.mqtt.enabled else []),
+            *reasons.spool_reasons(spool, self.mqtt_stats),
+        ]
 
     def _gap_message(self, gap: SeqGap) -> tuple[str, bytes]:
         """The topic and payload announcing a seq gap left by an unclean stop."""
@@ -415,29 +396,6 @@ class Daemon:
         )
         topic = topic_for(self.config.mqtt.gaps_topic, self.config.device_id, pipeline)
         return topic, json.dumps(body, separators=(",", ":")).encode()
-
-    def _spool_reasons(self, spool: dict[str, Any]) -> list[str]:
-        out = []
-        if spool.get("error"):
-            out.append(str(spool["error"]))
-        recent = int(spool.get("dropped_recent", 0))
-        if recent > 0:
-            out.append(f"{recent} result(s) dropped in the last {RECENT_S:.0f} s (see spool.dropped_by_reason)")
-        dead = int(spool.get("dead_letters_recent", 0))
-        if dead > 0:  # refused by the broker for good: not delivered
-            out.append(
-                f"{dead} result(s) set aside as dead letters in the last {RECENT_S:.0f} s: "
-                f"{self.mqtt_stats.last_error or 'the broker refused them'}"
-            )
-        gaps = [g for g in spool.get("seq_gaps") or () if time.time() - float(g.get("ts", 0)) < DROP_WINDOW_S]
-        if gaps:  # not drops: each seq was sent before the stop, lost with it, or never used; nobody knows which
-            where = ", ".join(f"{g['pipeline']} {g['first']}..{g['last']}" for g in gaps[:2])
-            n = sum(int(g["last"]) - int(g["first"]) + 1 for g in gaps)
-            out.append(f"unclean stop: {n} seq(s) uncertain ({where}; see spool.seq_gaps)")
-        stalled = self.mqtt_stats.ack_stalled_s()
-        if stalled > ACK_STALL_S and int(spool.get("depth", 0)) > 0:
-            out.append(f"the broker acknowledged nothing for {stalled:.0f} s with {spool['depth']} results waiting")
-        return out
 
     def histograms(self) -> dict[str, dict[str, Histogram]]:
         """Latency histograms per pipeline: its stages, and `e2e` (capture to PUBACK), for /metrics."""

@@ -128,11 +128,11 @@ def test_a_broker_that_stops_acknowledging_makes_status_degraded_until_it_acknow
     with SIGSTOP) left status `running` for good. The stall threshold is lowered for the test."""
     import threading
 
-    import edged.daemon
+    import edged.ops.reasons
     from edged.config import config_from_dict
     from edged.daemon import Daemon
 
-    monkeypatch.setattr(edged.daemon, "ACK_STALL_S", 1.0)
+    monkeypatch.setattr(edged.ops.reasons, "ACK_STALL_S", 1.0)
     own_broker.start()
     video = make_video(tmp_path / "v.mp4", 30)
     cfg = base_config(tmp_path, tiny_model, str(video), broker=own_broker, fps=30, loop=True, stop_at_end=False)

@@ -1,4 +1,5 @@
-"""Every line `edged status` can give as a reason for `degraded`: its shape, what it means, what to do.
+"""Every line `edged status` can give as a reason for `degraded`: how it is made, its shape, what it means, what
+to do. The builders below make the lines from what the parts report (each a pure read); the daemon joins them.
 
 docs/status.md's troubleshooting table is generated from this list (scripts/reasons_table.py), and the test
 suite holds it to the code: every reasons line any test sees must match one entry (tests/reasons_seen.py).
@@ -11,7 +12,17 @@ it. Free text from elsewhere (an OpenCV or SQLite error, a broker's reason strin
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from edged.core.stats import MqttStats
+from edged.core.threads import Supervised
+from edged.pipeline.runner import PipelineRunner
+from edged.store.spool import RECENT_S
+
+ACK_STALL_S = 30.0  # connected, results waiting, and no PUBACK for this long: the broker is stuck
 
 _P = r"pipeline \S+ "  # every pipeline reason starts with its name
 _SRC = _P + r"reconnecting: .+?: "  # then the source (a stream's address without its password)
@@ -284,3 +295,61 @@ CATALOG: tuple[Reason, ...] = (
 def explain(line: str) -> Reason | None:
     """The catalog's entry for a reasons line (the first whose pattern matches), None if there is none."""
     return next((reason for reason in CATALOG if reason.matches(line)), None)
+
+
+# -- the lines, from what the parts report -------------------------------------------------------------------
+
+
+def pipeline_reasons(runners: Sequence[PipelineRunner]) -> list[str]:
+    """A pipeline reconnecting, failed or waiting for data (and why); a thread of one that died."""
+    out = [
+        f"pipeline {runner.name} {runner.stats.state}" + (f": {runner.stats.error}" if runner.stats.error else "")
+        for runner in runners
+        if runner.stats.state in ("reconnecting", "failed", "waiting")  # waiting: a sensor sends no data
+    ]
+    for runner in runners:
+        out += runner.deaths()
+    return out
+
+
+def thread_reasons(threads: Iterable[Supervised | None]) -> list[str]:
+    """The daemon's own threads live as long as it runs: one that ended died, with or without a cause."""
+    return [t.died() or f"thread {t.name} died" for t in threads if t is not None and t.ident and not t.is_alive()]
+
+
+def broker_reasons(mqtt: MqttStats) -> list[str]:
+    """Not connected (and why, in the broker's words), a suspected session takeover, and what the broker cannot
+    do that edged needs."""
+    with mqtt.lock:
+        connected, last, problems = mqtt.connected, mqtt.last_error, list(mqtt.broker_problems)
+        suspicion = mqtt.suspicion
+    out = [] if connected else [f"broker not connected: {last}" if last else "broker not connected"]
+    if suspicion is not None and time.monotonic() - suspicion[0] < RECENT_S:  # still going on, maybe
+        out.append(suspicion[1])
+    return out + problems
+
+
+def spool_reasons(spool: dict[str, Any], mqtt: MqttStats) -> list[str]:
+    """The spool's error, results dropped or set aside as dead letters lately, an unclean stop's uncertain seqs,
+    a broker that acknowledges nothing."""
+    out = []
+    if spool.get("error"):
+        out.append(str(spool["error"]))
+    recent = int(spool.get("dropped_recent", 0))
+    if recent > 0:
+        out.append(f"{recent} result(s) dropped in the last {RECENT_S:.0f} s (see spool.dropped_by_reason)")
+    dead = int(spool.get("dead_letters_recent", 0))
+    if dead > 0:  # refused by the broker for good: not delivered
+        out.append(
+            f"{dead} result(s) set aside as dead letters in the last {RECENT_S:.0f} s: "
+            f"{mqtt.last_error or 'the broker refused them'}"
+        )
+    gaps = [g for g in spool.get("seq_gaps") or () if time.time() - float(g.get("ts", 0)) < RECENT_S]
+    if gaps:  # not drops: each seq was sent before the stop, lost with it, or never used; nobody knows which
+        where = ", ".join(f"{g['pipeline']} {g['first']}..{g['last']}" for g in gaps[:2])
+        n = sum(int(g["last"]) - int(g["first"]) + 1 for g in gaps)
+        out.append(f"unclean stop: {n} seq(s) uncertain ({where}; see spool.seq_gaps)")
+    stalled = mqtt.ack_stalled_s()
+    if stalled > ACK_STALL_S and int(spool.get("depth", 0)) > 0:
+        out.append(f"the broker acknowledged nothing for {stalled:.0f} s with {spool['depth']} results waiting")
+    return out
