@@ -17,9 +17,9 @@ from edged import __version__
 from edged.config import Config, load_config
 from edged.control.controller import Controller
 from edged.core.durable import make_dirs
-from edged.core.errors import EdgedError, ModelError, ProviderError
+from edged.core.errors import EdgedError
 from edged.core.histogram import Histogram
-from edged.core.stats import MqttStats, PipelineStats
+from edged.core.stats import MqttStats
 from edged.core.threads import Supervised
 from edged.core.waker import Waker
 from edged.model import engines
@@ -32,7 +32,7 @@ from edged.ops.status import StatusServer
 from edged.ops.systemd import notify, watchdog_interval
 from edged.pipeline.frametap import FrameTap
 from edged.pipeline.message import gap_message
-from edged.pipeline.model import Model, load_pipeline_model
+from edged.pipeline.model import Model
 from edged.pipeline.runner import PipelineRunner
 from edged.pipeline.settings import PipelineConfig
 from edged.pipeline.worker import ResultHook
@@ -91,6 +91,7 @@ class Daemon:
                 on_result=on_result,
                 on_worker_exit=self._poke,
                 source_kwargs=source_kwargs,
+                notify=notify,
             )
             for p in config.pipelines
         ]
@@ -210,21 +211,7 @@ class Daemon:
         models = []
         for runner, cores in zip(self.pipelines, shares, strict=True):
             runner.cores = cores
-
-            def building(line: str, stats: PipelineStats = runner.stats) -> None:
-                stats.set_state("building_engine")
-                notify("STATUS=" + line)
-
-            try:
-                model = load_pipeline_model(
-                    runner.cfg, self.config.state_dir, cores=cores, on_building=building, notify=notify
-                )
-            except (ModelError, ProviderError) as exc:  # say which pipeline: a config may have several
-                raise type(exc)(f"pipeline {runner.name}: {exc}") from exc
-            models.append(model)
-            if runner.stats.state == "building_engine":
-                runner.stats.set_state("starting")
-                notify(f"STATUS=TensorRT engine for pipeline {runner.name} built; starting")
+            models.append(runner.load())  # the same path as a reload's model swap
         if any(m.loaded.provider == TENSORRT for m in models):
             engines.cleanup([p.model for p in self.config.pipelines], self.config.state_dir)
         return models

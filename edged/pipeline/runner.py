@@ -17,9 +17,9 @@ from edged.capture.base import FrameSlot, Source, make_source
 from edged.capture.motion import MotionGate
 from edged.capture.rtsp import redact_uri
 from edged.capture.sensor import SensorSourceConfig
-from edged.core.errors import EdgedError
+from edged.core.errors import EdgedError, ModelError, ProviderError
 from edged.core.stats import PipelineStats
-from edged.pipeline.model import Model, ModelRef, describe_model, prepare_model
+from edged.pipeline.model import Model, ModelRef, Notice, describe_model, load_pipeline_model
 from edged.pipeline.publish import make_filter
 from edged.pipeline.scene import Scene
 from edged.pipeline.settings import PipelineConfig, declared_frame
@@ -57,8 +57,10 @@ class PipelineRunner:
         on_result: ResultHook | None = None,
         on_worker_exit: Callable[[], object] | None = None,
         source_kwargs: dict[str, Any] | None = None,
+        notify: Notice | None = None,
     ) -> None:
         self.cfg = cfg
+        self.notify = notify  # systemd's STATUS= while a TensorRT engine builds (the daemon hands it in)
         self.state_dir = state_dir
         self.device_id = device_id
         self.topic = topic
@@ -80,6 +82,32 @@ class PipelineRunner:
     def name(self) -> str:
         """The pipeline's name."""
         return self.cfg.name
+
+    # -- the model: one way to load it, at start and for every swap -------------------------------------
+
+    def load(self, cfg: PipelineConfig | None = None) -> Model:
+        """Build and warm up the model of `cfg` (the running config when None) on this pipeline's cores,
+        showing a TensorRT engine build in the status while it lasts. ModelError/ProviderError name the
+        pipeline."""
+        cfg = cfg or self.cfg
+        before = self.stats.state
+
+        def building(line: str) -> None:
+            self.stats.set_state("building_engine")
+            if self.notify is not None:
+                self.notify("STATUS=" + line)
+
+        try:
+            model = load_pipeline_model(cfg, self.state_dir, cores=self.cores, on_building=building,
+                                        notify=self.notify)  # fmt: skip
+        except (ModelError, ProviderError) as exc:  # say which pipeline: a config may have several
+            raise type(exc)(f"pipeline {cfg.name}: {exc}") from exc
+        finally:
+            if self.stats.state == "building_engine":
+                self.stats.set_state(before)
+                if self.notify is not None:
+                    self.notify(f"STATUS=TensorRT engine for pipeline {cfg.name} built")
+        return model
 
     # -- start ------------------------------------------------------------------------------------------
 
@@ -202,7 +230,7 @@ class PipelineRunner:
             return False
         stat = model_file_stat(cfg.model.path)
         try:
-            model = prepare_model(cfg, self.state_dir, self.cores)
+            model = self.load(cfg)
         except EdgedError as exc:
             self.model_stat = stat  # do not retry this file until it changes again
             self.stats.set_error(f"model swap failed, still running {self.stats.model_name}: {exc}")
