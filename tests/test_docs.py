@@ -177,3 +177,23 @@ def test_every_field_of_real_messages_is_on_the_mqtt_page(
     missing += [f"stats.pipelines[].{k}" for k in stats["pipelines"][0] if k not in status_page]
     assert not missing, f"fields published but not documented: {missing}"
     assert sub.payloads(f"edged/{cfg['device_id']}/status")[0][0] == b"online"
+
+
+def test_the_architecture_page_names_every_module_in_its_stages_row() -> None:
+    """docs/architecture.md draws the tree as it is: each module of a stage folder is named in that stage's row
+    of the table, and each top-level module in the `top` row."""
+    rows = {}
+    for line in prose(REPO / "docs" / "architecture.md").splitlines():
+        if found := re.match(r"\| `(\w+)/` \|", line):
+            rows[found.group(1)] = line
+        elif line.startswith("| top |"):
+            rows["top"] = line
+    missing = []
+    for path in sorted((REPO / "edged").rglob("*.py")):
+        if path.name in {"__init__.py", "__main__.py"} or "assets" in path.parts:
+            continue
+        parts = path.relative_to(REPO / "edged").parts
+        stage = parts[0] if len(parts) > 1 else "top"
+        if f"`{path.name}`" not in rows.get(stage, ""):
+            missing.append(str(path.relative_to(REPO)))
+    assert not missing, f"modules the architecture page does not name: {missing}"
