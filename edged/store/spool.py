@@ -13,6 +13,8 @@ The parts, each in its own module:
 - `seqlease.SeqAllocator`: `seq` numbers leased ahead in an fsync'd file, never reused after kill -9 or a
   torn WAL;
 - `spoolspace.SpaceGuard`: the capacity (`max_bytes`, lowered to what the disk has room for) and the ballast;
+- `recovery`: opening a spool left by a crash or a power cut (the integrity check, a damaged file moved
+  aside and its seqs and unsent results counted);
 - `spooldb`: every SQL statement.
 
 Policies (all counted by reason, nothing disappears silently): `max_bytes` with `on_full`
@@ -23,7 +25,6 @@ jump never expires results early (the capture time `ts` is for reporting only).
 
 from __future__ import annotations
 
-import json
 import logging
 import sqlite3
 import threading
@@ -36,7 +37,7 @@ from typing import Any
 from edged.core.errors import SpoolError
 from edged.core.recent import Recent
 from edged.core.threads import Supervised
-from edged.store import spooldb
+from edged.store import recovery, spooldb
 from edged.store.diskspace import Ballast, free_bytes
 from edged.store.outbox import Batch, Outbox
 from edged.store.seqlease import SeqAllocator, SeqGap
@@ -48,7 +49,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Row", "Spool", "SpoolConfig"]
 
-CHECK_INLINE_BYTES = 64 * 2**20  # files up to this size are checked before start (about a second on a Pi)
 RECLAIM_MIN_BYTES = 8 * 2**20  # freelist bytes above which a commit gives pages back to the filesystem
 RECLAIM_PAGES = 2048  # pages one commit gives back at most
 GAPS_KEPT = 20
@@ -73,17 +73,6 @@ class _Counters:
         self.count(reason, rows)
         self.depth -= rows
         self.bytes -= size
-
-
-def _floor_path(path: Path) -> Path:
-    return path.with_name(path.name + ".seqfloor")
-
-
-def _was_clean(path: Path) -> bool:
-    try:
-        return bool(json.loads(_floor_path(path).read_text(encoding="utf-8")).get("clean"))
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 class Spool:
@@ -114,7 +103,7 @@ class Spool:
         self.writer: Supervised | None = None
         self._checker: Supervised | None = None
         self._write_error: str | None = None
-        self._wconn, self.recovered_from, state, self.checking = self._open(path, self.sync)
+        self._wconn, self.recovered_from, state, self.checking = recovery.open_spool(path, self.sync)
         self._check_conn: sqlite3.Connection | None = None
         self.damage: str | None = None  # what the background integrity check found
         self._rconn = spooldb.connect(path, self.sync)
@@ -123,12 +112,13 @@ class Spool:
         self._n = _Counters(state["depth"], state["bytes"], state["dead_letters"], state["dropped"], state["uncertain"])
         committed: dict[str, int] = state["seqs"]
         if self.recovered_from is not None:
-            self._count_quarantined(self.recovered_from, committed)
+            recovery.count_quarantined(self.recovered_from, self._n, committed)
+            self._meta_dirty = True
         # drops and dead letters of the last minute, for status reasons (read anywhere, noted at each commit)
         self.recent_drops = Recent(RECENT_S, sum(self._n.dropped.values()))
         self.recent_dead = Recent(RECENT_S, self._n.dead_letters)
         # the settled marks are trusted across a power cut only when every commit is fsync'd
-        self.seqs = SeqAllocator(_floor_path(path), committed, self.settled if self.sync == "full" else None)
+        self.seqs = SeqAllocator(recovery.floor_path(path), committed, self.settled if self.sync == "full" else None)
         self._gaps: list[dict[str, Any]] = state["gaps"]
         self.new_gaps: list[SeqGap] = list(self.seqs.gaps)  # to announce (announce_gaps) before they settle
         self._note_gaps(self.seqs.gaps)
@@ -141,32 +131,13 @@ class Spool:
         if self._n.depth:
             log.info("spool %s holds %d results from before (%d bytes)", path, self._n.depth, self._n.bytes)
 
-    @staticmethod
-    def _open(path: Path, sync: str) -> tuple[sqlite3.Connection, Path | None, dict[str, Any], bool]:
-        """Open with the integrity check before anything is read, unless the file is large and was closed
-        cleanly: then it is checked in the background while results flow (a million rows take seconds)."""
-        try:
-            size = path.stat().st_size
-        except OSError:
-            size = 0
-        inline = size <= CHECK_INLINE_BYTES or not _was_clean(path)
-        conn, moved = spooldb.open_checked(path, sync, check=inline)
-        try:
-            return conn, moved, spooldb.load_state(conn), not inline
-        except (sqlite3.DatabaseError, TypeError, ValueError) as exc:
-            if inline:
-                raise SpoolError(f"cannot read spool {path}: {exc}") from exc
-            conn.close()  # unreadable after all: the full check decides
-            conn, moved = spooldb.open_checked(path, sync, check=True)
-            return conn, moved, spooldb.load_state(conn), False
-
     def _background_check(self) -> None:
         """quick_check on its own connection while the daemon runs; damage is reported, and the next start
         checks before it opens (the seq lease is left unclean) and moves the file aside."""
         started = time.monotonic()
         try:
             conn = spooldb.connect(self.path, self.sync)
-            self._check_conn = conn
+            self._check_conn = conn  # close() interrupts it
             try:
                 problem = spooldb.integrity_problem(conn)
             finally:
@@ -187,20 +158,6 @@ class Spool:
     def ballast(self) -> Ballast:
         """The ballast file next to the spool (see diskspace.py)."""
         return self.space.ballast
-
-    def _count_quarantined(self, damaged: Path, committed: dict[str, int]) -> None:
-        """After a recovery: seqs continue past the damaged file's, its unsent rows and counters are counted."""
-        seqs, unsent, dropped = spooldb.salvage(damaged)
-        for p, top in seqs.items():
-            committed[p] = max(committed.get(p, 0), top)
-        for reason, n in dropped.items():
-            self._n.count(reason, n)
-        self._n.count("quarantined", unsent)
-        self._meta_dirty = True
-        log.warning(
-            "spool: %d unsent result(s) stay in %s (counted as dropped: quarantined); seq continues from %s",
-            unsent, damaged, committed or "1",
-        )  # fmt: skip
 
     def _note_gaps(self, gaps: list[SeqGap]) -> None:
         for gap in gaps:
@@ -377,10 +334,10 @@ class Spool:
     def stats(self) -> dict[str, Any]:
         """The `spool` entry of the status JSON."""
         with self._rlock:
-            row = self._rconn.execute("SELECT ts FROM results ORDER BY id LIMIT 1").fetchone()
+            stored_ts = spooldb.oldest_ts(self._rconn)
         with self._cond:
             n, box = self._n, self.outbox
-            oldest_ts = float(row[0]) if row else None
+            oldest_ts = stored_ts
             first = box.oldest_pending()
             if oldest_ts is None and first is not None:
                 oldest_ts = first.ts
@@ -464,7 +421,7 @@ class Spool:
                 break
             except sqlite3.Error as exc:
                 if self._wconn.in_transaction:
-                    self._wconn.execute("ROLLBACK")
+                    spooldb.rollback(self._wconn)
                 self._note_write_error(exc)
                 if spooldb.is_disk_full(exc):
                     self.space.on_disk_full()
@@ -488,7 +445,7 @@ class Spool:
     def _transaction(self, batch: Batch, keep: set[int], marks: dict[str, int]) -> _Counters:
         conn, clock = self._wconn, self.clock()
         n = _Counters(self._n.depth, self._n.bytes, self._n.dead_letters, dict(self._n.dropped), self._n.uncertain)
-        conn.execute("BEGIN IMMEDIATE")
+        spooldb.begin(conn)
         rows, size = spooldb.delete_ids(conn, batch.acks)
         n.depth, n.bytes = n.depth - rows, n.bytes - size
         spooldb.save_tries(conn, batch.tries)
@@ -516,7 +473,7 @@ class Spool:
         }
         spooldb.save_meta(conn, meta)
         self._maybe_reclaim(conn, n.bytes)
-        conn.execute("COMMIT")
+        spooldb.commit(conn)
         with self._cond:
             self._write_error = None
         self.seqs.retry()

@@ -385,3 +385,24 @@ def space(conn: sqlite3.Connection) -> tuple[int, int]:
 def reclaim(conn: sqlite3.Connection, pages: int) -> None:
     """Give up to `pages` freelist pages back to the filesystem (auto_vacuum=INCREMENTAL files only)."""
     conn.execute(f"PRAGMA incremental_vacuum({int(pages)})").fetchall()
+
+
+def oldest_ts(conn: sqlite3.Connection) -> float | None:
+    """The capture time of the oldest stored result, None when there is none."""
+    row = conn.execute("SELECT ts FROM results ORDER BY id LIMIT 1").fetchone()
+    return float(row[0]) if row else None
+
+
+def begin(conn: sqlite3.Connection) -> None:
+    """Start the writer's transaction (taking the write lock at once)."""
+    conn.execute("BEGIN IMMEDIATE")
+
+
+def commit(conn: sqlite3.Connection) -> None:
+    """Commit the writer's transaction."""
+    conn.execute("COMMIT")
+
+
+def rollback(conn: sqlite3.Connection) -> None:
+    """Roll the writer's transaction back."""
+    conn.execute("ROLLBACK")

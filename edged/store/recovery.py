@@ -1,0 +1,78 @@
+"""Opening a spool that a crash or a power cut may have left behind.
+
+A small spool, or one not closed cleanly, gets SQLite's integrity check before anything is read; a large one
+closed cleanly is opened at once and checked in the background while results flow (a million rows take
+seconds; spool.py runs that check). A file that fails is moved aside (spooldb.open_checked): edged starts on a
+new one, its seqs continue past the damaged file's, and the damaged file's unsent results are counted as
+dropped (`quarantined`), never silently gone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from pathlib import Path
+from typing import Any, Protocol
+
+from edged.core.errors import SpoolError
+from edged.store import spooldb
+
+log = logging.getLogger(__name__)
+
+CHECK_INLINE_BYTES = 64 * 2**20  # files up to this size are checked before start (about a second on a Pi)
+
+
+class Counts(Protocol):
+    """The spool's drop counters."""
+
+    def count(self, reason: str, rows: int) -> None:
+        """Count `rows` results dropped for `reason`."""
+        ...
+
+
+def floor_path(path: Path) -> Path:
+    """The seq lease file beside the spool (seqlease.py)."""
+    return path.with_name(path.name + ".seqfloor")
+
+
+def was_clean(path: Path) -> bool:
+    """Whether the spool at `path` was closed cleanly (its seq lease says so)."""
+    try:
+        return bool(json.loads(floor_path(path).read_text(encoding="utf-8")).get("clean"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def open_spool(path: Path, sync: str) -> tuple[sqlite3.Connection, Path | None, dict[str, Any], bool]:
+    """(the writer's connection, where a damaged file was moved or None, the stored state, whether the
+    integrity check is still to run in the background)."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = 0
+    inline = size <= CHECK_INLINE_BYTES or not was_clean(path)
+    conn, moved = spooldb.open_checked(path, sync, check=inline)
+    try:
+        return conn, moved, spooldb.load_state(conn), not inline
+    except (sqlite3.DatabaseError, TypeError, ValueError) as exc:
+        if inline:
+            raise SpoolError(f"cannot read spool {path}: {exc}") from exc
+        conn.close()  # unreadable after all: the full check decides
+        conn, moved = spooldb.open_checked(path, sync, check=True)
+        return conn, moved, spooldb.load_state(conn), False
+
+
+def count_quarantined(damaged: Path, counts: Counts, committed: dict[str, int]) -> None:
+    """After a damaged file was moved aside: seqs continue past its own (`committed` raised in place), its
+    unsent rows and its drop counters are counted."""
+    seqs, unsent, dropped = spooldb.salvage(damaged)
+    for pipeline, top in seqs.items():
+        committed[pipeline] = max(committed.get(pipeline, 0), top)
+    for reason, n in dropped.items():
+        counts.count(reason, n)
+    counts.count("quarantined", unsent)
+    log.warning(
+        "spool: %d unsent result(s) stay in %s (counted as dropped: quarantined); seq continues from %s",
+        unsent, damaged, committed or "1",
+    )  # fmt: skip
