@@ -72,6 +72,15 @@ def stop_network_thread(client: paho.Client, thread: threading.Thread | None, ti
         thread.join(timeout)
 
 
+def note_error(stats: MqttStats, message: str) -> None:
+    """The connection's last error (status shows it); the first occurrence is a warning, repeats (a broker that
+    stays away) go to debug."""
+    with stats.lock:
+        repeated = stats.last_error == message
+        stats.last_error = message
+    log.log(logging.DEBUG if repeated else logging.WARNING, "mqtt: %s", message)
+
+
 class Publisher(Supervised):
     """Publishes spooled rows with a bounded number in flight; reconnects with backoff and jitter."""
 
@@ -158,7 +167,7 @@ class Publisher(Supervised):
         try:
             client.connect(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive_s)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: no plaintext fallback, ever
-            self._note_error(f"cannot connect to {self.cfg.host}:{self.cfg.port}: {exc}")
+            note_error(self.stats, f"cannot connect to {self.cfg.host}:{self.cfg.port}: {exc}")
             return None
         client.loop_start()
         conn.looping = True
@@ -174,14 +183,14 @@ class Publisher(Supervised):
             self._wake.wait(left)
             self._wake.clear()
         if conn.refused:
-            self._note_error(f"broker {self.cfg.host}:{self.cfg.port} refused the connection: {conn.refused}")
+            note_error(self.stats, f"broker {self.cfg.host}:{self.cfg.port} refused the connection: {conn.refused}")
             if "0x9A" in conn.refused and not self._no_retain:  # Retain not supported: the will was retained
                 log.warning("mqtt: the broker keeps no retained messages; connecting again without them")
                 self._no_retain = True
         elif not conn.connected and conn.closed:
-            self._note_error(f"broker {self.cfg.host}:{self.cfg.port} closed the connection before its CONNACK")
+            note_error(self.stats, f"broker {self.cfg.host}:{self.cfg.port} closed the connection before its CONNACK")
         elif not conn.connected:
-            self._note_error(f"no CONNACK from {self.cfg.host}:{self.cfg.port} within {CONNECT_TIMEOUT_S:.0f} s")
+            note_error(self.stats, f"no CONNACK from {self.cfg.host}:{self.cfg.port} within {CONNECT_TIMEOUT_S:.0f} s")
         if not self._halt.is_set():
             where = f"{self.cfg.host}:{self.cfg.port}"
             after = next_protocol(self.protocol, self.cfg.protocol, connected=conn.connected, refused=conn.refused,
@@ -198,7 +207,7 @@ class Publisher(Supervised):
     def _serve(self, conn: _Conn) -> None:
         """Publish while connected; return on disconnect or once drained after a stop request."""
         conn.since = time.monotonic()
-        self._apply_limits(conn)
+        self.pump.begin(conn.limits if not self._no_retain else replace(conn.limits, retain=False), self.protocol)
         session = self._session = Session(conn.client, self.pump.limits, mqtt5=self.protocol == "5")
         session.publish(self.availability_topic, b"online", qos=1, retain=True)
         for hook in self.hooks:
@@ -213,26 +222,6 @@ class Publisher(Supervised):
                 self.pump.pump(conn.client)
             timers = [t for t in (hook.turn(session) for hook in self.hooks) if t is not None]
             self._wake.wait(self._sleep_s(timers))
-
-    def _apply_limits(self, conn: _Conn) -> None:
-        """Honour what the CONNACK said (brokerlimits.py): the in-flight window, the largest packet, and
-        what the broker cannot do (status reasons)."""
-        limits = conn.limits if not self._no_retain else replace(conn.limits, retain=False)
-        self.pump.begin(limits)  # everything unacknowledged goes again, within these limits
-        if self.pump.inflight < self.cfg.max_inflight:
-            log.info("mqtt: the broker's Receive Maximum is %d: at most %d results in flight", limits.receive_max,
-                     self.pump.inflight)  # fmt: skip
-        if limits.max_packet is not None:
-            log.info("mqtt: the broker accepts packets of at most %d bytes", limits.max_packet)
-        if limits.assigned_id:
-            log.info("mqtt: the broker assigned the client id %r", limits.assigned_id)
-        problems = limits.problems(self.cfg.qos)
-        for problem in problems:
-            log.error("mqtt: %s", problem)
-        with self.stats.lock:
-            self.stats.broker_limits = limits.describe() if self.protocol == "5" else {}
-            self.stats.protocol = self.protocol
-            self.stats.broker_problems = problems
 
     def _sleep_s(self, timers: list[float]) -> float | None:
         """Until the next timer of this thread (the hooks' `timers`, the pump's, a stop's drain); None: until
@@ -293,7 +282,7 @@ class Publisher(Supervised):
                 why += f"; {suspicion}"
                 with self.stats.lock:
                     self.stats.suspicion = (time.monotonic(), suspicion)
-            self._note_error(f"disconnected from {self.cfg.host}:{self.cfg.port}: {why}")
+            note_error(self.stats, f"disconnected from {self.cfg.host}:{self.cfg.port}: {why}")
 
     def _on_message(self, msg: paho.MQTTMessage) -> None:
         for hook in self.hooks:
@@ -333,10 +322,3 @@ class Publisher(Supervised):
         if conn.blamed:
             self.pump.refuse(conn.blamed, conn.blamed_for)
         self.pump.end()  # acks that came in before the connection closed still count
-
-    def _note_error(self, message: str) -> None:
-        with self.stats.lock:
-            repeated = self.stats.last_error == message
-            self.stats.last_error = message
-        # the first occurrence is a warning; repeats (a broker that stays away) go to debug
-        log.log(logging.DEBUG if repeated else logging.WARNING, "mqtt: %s", message)

@@ -59,14 +59,30 @@ class ResultPump:
         self._props = ExpiryProperties(cfg)
         self.window.protocol = cfg.protocol
 
-    def begin(self, limits: BrokerLimits) -> None:
-        """A new connection: its limits, and everything unacknowledged goes again from the oldest."""
+    def begin(self, limits: BrokerLimits, protocol: str) -> None:
+        """A new connection: everything unacknowledged goes again from the oldest, within what its CONNACK said
+        (brokerlimits.py): the in-flight window, the largest packet, and what the broker cannot do (status
+        reasons)."""
         self.window.reset()
         self.limits = limits
         self.inflight = limits.inflight(self.cfg.max_inflight)  # paho's window was set on the CONNACK
         self.window.wake_below = self.inflight
         self._cursor = 0
         self._seen_changes = -1
+        if self.inflight < self.cfg.max_inflight:
+            log.info("mqtt: the broker's Receive Maximum is %d: at most %d results in flight", limits.receive_max,
+                     self.inflight)  # fmt: skip
+        if limits.max_packet is not None:
+            log.info("mqtt: the broker accepts packets of at most %d bytes", limits.max_packet)
+        if limits.assigned_id:
+            log.info("mqtt: the broker assigned the client id %r", limits.assigned_id)
+        problems = limits.problems(self.cfg.qos)
+        for problem in problems:
+            log.error("mqtt: %s", problem)
+        with self.stats.lock:
+            self.stats.broker_limits = limits.describe() if protocol == "5" else {}
+            self.stats.protocol = protocol
+            self.stats.broker_problems = problems
 
     def end(self) -> None:
         """The connection closed: acks that came in before still count."""
