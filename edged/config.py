@@ -25,7 +25,7 @@ from edged.core import configfile
 from edged.core.errors import ConfigError
 from edged.core.settings import NAME_PATTERN, Strict, from_config_dir
 from edged.model.postprocess import POSTPROCESSORS
-from edged.pipeline.publish import PUBLISH_FILTERS
+from edged.pipeline.resultfilter import PUBLISH_FILTERS
 from edged.pipeline.settings import PipelineConfig
 from edged.store.settings import SpoolConfig
 from edged.uplink.homeassistant import HomeAssistantConfig

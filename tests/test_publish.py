@@ -16,7 +16,7 @@ from detect_models import make_detector
 from edged.config import config_from_dict
 from edged.core.errors import ConfigError
 from edged.daemon import Daemon
-from edged.pipeline.publish import EveryConfig, IntervalConfig, OnChangeConfig, make_filter, signature
+from edged.pipeline.resultfilter import EveryConfig, IntervalConfig, OnChangeConfig, make_filter, signature
 
 
 def rows(state_dir: Path) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from conftest import base_config
 
 from edged.config import config_from_dict
 from edged.core.errors import ConfigError
-from edged.pipeline.publish import EventsConfig, EventsOnly
+from edged.pipeline.resultfilter import EventsConfig, EventsOnly
 from edged.pipeline.scene import BEST_IMAGE, Scene, ZoneConfig
 from edged.pipeline.tracking import TrackingConfig
 

@@ -20,7 +20,7 @@ from edged.core.errors import ModelError
 from edged.model.postprocess import make_postprocessor
 from edged.model.preprocess import Geometry
 from edged.model.segment import SegmentConfig
-from edged.pipeline.publish import signature
+from edged.pipeline.resultfilter import signature
 from edged.tools.common import pipeline_postprocess, preprocess_overrides
 from edged.tools.frames import save_frames
 from edged.tools.validate import Thresholds, ValidateOptions, validate_models

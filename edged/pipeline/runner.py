@@ -20,7 +20,7 @@ from edged.capture.sensor import SensorSourceConfig
 from edged.core.errors import EdgedError, ModelError, ProviderError
 from edged.core.stats import PipelineStats
 from edged.pipeline.model import Model, ModelRef, Notice, describe_model, load_pipeline_model
-from edged.pipeline.publish import make_filter
+from edged.pipeline.resultfilter import make_filter
 from edged.pipeline.scene import Scene
 from edged.pipeline.settings import PipelineConfig, declared_frame
 from edged.pipeline.snapshots import Snapshots

@@ -15,7 +15,7 @@ from edged.core.geometry import Point, Points, polygon_problem
 from edged.core.settings import NAME_PATTERN, Strict
 from edged.model.postprocess import POSTPROCESSORS, ClassifyConfig
 from edged.model.settings import ModelConfig, PreprocessConfig
-from edged.pipeline.publish import PUBLISH_FILTERS, EveryConfig
+from edged.pipeline.resultfilter import PUBLISH_FILTERS, EveryConfig
 from edged.pipeline.scene import ReferencePoint, ZoneConfig
 from edged.pipeline.secondary import SecondaryConfig
 from edged.pipeline.snapshots import SnapshotConfig
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # mypy sees the built-in parts; at run time the unions hold w
     from edged.model.postprocess import RawConfig
     from edged.model.segment import SegmentConfig
     from edged.model.text import TextConfig
-    from edged.pipeline.publish import EventsConfig, IntervalConfig, OnChangeConfig
+    from edged.pipeline.resultfilter import EventsConfig, IntervalConfig, OnChangeConfig
 
     SourceConfig = CameraSourceConfig | SensorSourceConfig
     PostprocessConfig = (

@@ -21,7 +21,7 @@ from edged.model.preprocess import Preprocessor
 from edged.pipeline.frametap import FrameTap
 from edged.pipeline.message import Timings, event_message, result_message
 from edged.pipeline.model import Model, ModelRef
-from edged.pipeline.publish import PublishFilter
+from edged.pipeline.resultfilter import PublishFilter
 from edged.pipeline.scene import BEST_IMAGE, Scene
 from edged.pipeline.secondary import run_secondaries
 from edged.pipeline.snapshots import Snapshots

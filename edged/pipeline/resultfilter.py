@@ -37,7 +37,7 @@ class PublishFilter(Protocol):
 FilterFactory = Callable[[Any, Clock], PublishFilter]
 # mode -> (config model, filter class); `publish` without a `mode` key is `every`
 PUBLISH_FILTERS: Registry[FilterFactory] = Registry(
-    "publish filter", "mode", ("edged.pipeline.publish",), default_key="every"
+    "publish filter", "mode", ("edged.pipeline.resultfilter",), default_key="every"
 )
 
 
