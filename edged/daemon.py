@@ -54,6 +54,57 @@ FLUSH_S = 10.0
 PUBLISHER_CLOSE_S = 3.0  # after the grace: `offline`, DISCONNECT, paho's thread
 
 
+class ControlPort:
+    """What the control stage may ask of the daemon (control/controller.py ControlTarget), and nothing else:
+    the status, a reload, the config file and its check, a pipeline's frames and config, the model check."""
+
+    def __init__(
+        self,
+        reloader: Reloader,
+        pipelines: list[PipelineRunner],
+        snapshot: Callable[[], dict[str, Any]],
+        candidate_check: list[str],
+    ) -> None:
+        self.reloader = reloader
+        self.pipelines = pipelines
+        self._snapshot = snapshot
+        self.candidate_check = candidate_check
+
+    def snapshot(self) -> dict[str, Any]:
+        """The status JSON."""
+        return self._snapshot()
+
+    def reload_and_wait(self, timeout: float) -> dict[str, Any]:
+        """Reload the config file now and wait for the outcome."""
+        return self.reloader.reload_and_wait(timeout)
+
+    def config_file(self) -> Path | None:
+        """The config file this daemon runs from."""
+        return self.reloader.config_path
+
+    def candidate_command(self) -> list[str]:
+        """The command that judges a rollout's model (SPEC.json is appended); empty when none was given."""
+        return self.candidate_check
+
+    def check_config(self, path: Path) -> object:
+        """Load a config file as check-config does (ConfigError with every problem when it is not valid)."""
+        return load_config(path)
+
+    def frame_tap(self, pipeline: str | None) -> tuple[str, FrameTap]:
+        """A pipeline's frame tap (the first pipeline's for None)."""
+        for runner in self.pipelines:
+            if (pipeline is None or runner.name == pipeline) and runner.outlet is not None:
+                return runner.name, runner.outlet.tap
+        raise EdgedError(f"no running pipeline {pipeline!r}; this device has {[r.name for r in self.pipelines]}")
+
+    def pipeline_config(self, name: str) -> PipelineConfig:
+        """The running config of a pipeline."""
+        for runner in self.pipelines:
+            if runner.name == name:
+                return runner.cfg
+        raise EdgedError(f"no pipeline {name!r}")
+
+
 class Daemon:
     """Owns every thread. `start()` then `wait()` then `stop()`; `request_stop()` from anywhere."""
 
@@ -165,41 +216,13 @@ class Daemon:
         if self.config.control is None or self.publisher is None:
             return
         self.controller = Controller(
-            self.config.control, self.config.device_id, self.config.state_dir, target=self, side=self.publisher.side
+            self.config.control,
+            self.config.device_id,
+            self.config.state_dir,
+            target=ControlPort(self.reloader, self.pipelines, self.snapshot, self.candidate_check),
+            side=self.publisher.side,
         )
         self.publisher.add_hook(self.controller)  # its command topics ride on the connection
-
-    # -- what the control plane asks of the daemon (edged/control/controller.py ControlTarget) -------------------
-
-    def reload_and_wait(self, timeout: float) -> dict[str, Any]:
-        """Reload the config file now and wait for the outcome."""
-        return self.reloader.reload_and_wait(timeout)
-
-    def config_file(self) -> Path | None:
-        """The config file this daemon runs from."""
-        return self.reloader.config_path
-
-    def candidate_command(self) -> list[str]:
-        """The command that judges a rollout's model (SPEC.json is appended); empty when none was given."""
-        return self.candidate_check
-
-    def check_config(self, path: Path) -> object:
-        """Load a config file as check-config does (ConfigError with every problem when it is not valid)."""
-        return load_config(path)
-
-    def frame_tap(self, pipeline: str | None) -> tuple[str, FrameTap]:
-        """A pipeline's frame tap (the first pipeline's for None)."""
-        for runner in self.pipelines:
-            if (pipeline is None or runner.name == pipeline) and runner.outlet is not None:
-                return runner.name, runner.outlet.tap
-        raise EdgedError(f"no running pipeline {pipeline!r}; this device has {[r.name for r in self.pipelines]}")
-
-    def pipeline_config(self, name: str) -> PipelineConfig:
-        """The running config of a pipeline."""
-        for runner in self.pipelines:
-            if runner.name == name:
-                return runner.cfg
-        raise EdgedError(f"no pipeline {name!r}")
 
     def _load_models(self) -> list[Model]:
         """Load every model, the CPU cores shared between CPU pipelines; announce TensorRT builds."""
