@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import cv2
 import pytest
@@ -186,3 +187,39 @@ def test_histograms_collected_in_one_pass_equal_those_collected_one_method_at_a_
         (tmp_path / k[0]).mkdir(exist_ok=True)
         alone = RangeCache(model, "image", frames, tmp_path / k[0])
         assert json.loads(alone.path(k, lambda _n: None).read_text(encoding="utf-8")) == together[k], k
+
+
+@pytest.mark.parametrize(("method", "symmetric", "bins"), [("entropy", False, 128), ("percentile", False, 2048),
+                                                         ("percentile", True, 2048)])  # fmt: skip
+def test_edgeds_counting_gives_the_histograms_of_orts_collector(method: str, symmetric: bool, bins: int) -> None:
+    """edged counts each seeded tensor once for every method (calibration.add_frame); the histograms must be
+    ORT's, but for a value that falls on a bin's edge in float32 rounding (a few in a million)."""
+    import numpy as np
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.calibrate import HistogramCollector, TensorData, TensorsData
+
+    from edged.tools.calibration import add_frame, seed_histograms
+
+    rng = np.random.default_rng(11)
+    frames = [rng.normal(0.3, 1.7, 200_000).astype(np.float32) for _ in range(4)]
+    everything = np.concatenate(frames)
+    bounds = TensorsData(CalibrationMethod.MinMax, {"t": TensorData(lowest=everything.min(), highest=everything.max())})
+
+    def calibrator() -> Any:
+        class Calibrator:  # the attributes seed_histograms and add_frame read from ORT's histogram calibrators
+            num_quantized_bins, percentile, scenario = 128, 99.999, "same"
+            tensors_to_calibrate = frozenset({"t"})
+            collector: HistogramCollector | None = None
+
+        made = Calibrator()
+        made.method, made.symmetric, made.num_bins = method, symmetric, bins  # type: ignore[attr-defined]
+        seed_histograms(made, bounds)
+        return made
+
+    ours, theirs = calibrator(), calibrator()
+    for f in frames:
+        add_frame([ours], {"t": f})
+        theirs.collector.collect({"t": [f]})
+    mine, orts = ours.collector.histogram_dict["t"][0], theirs.collector.histogram_dict["t"][0]
+    assert mine.sum() == orts.sum() == everything.size
+    assert np.abs(mine - orts).sum() <= everything.size * 1e-4

@@ -25,6 +25,11 @@ strided calibration inside `quantize_static`.
 
 The ranges depend on the method, the symmetry of the activations and the percentile, not on the other
 parts of a recipe (weights, per-channel, kept nodes), so a search computes each at most once.
+
+Counting into a seeded histogram is edged's own too (`add_frame`): each tensor of each frame is counted once,
+at FINE_BINS equal bins over its whole range, and summed into each calibrator's coarser bins (percentile's
+2048, entropy's 128), where ORT's collector flattened, scanned and histogrammed the same activations again for
+every method. On PicoDet that counting was 55% of the whole search (357 of 685 s, profiled).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ log = logging.getLogger(__name__)
 
 Tensor = Any
 Key = tuple[str, bool, float]  # (method, symmetric activations, percentile)
+FINE_BINS = 2048  # each tensor of a frame is counted once at these bins; a calibrator's bins must divide them
 
 
 def cache_supported() -> bool:
@@ -120,9 +126,7 @@ class RangeCache:
             names = [o.name for o in session.get_outputs()]
             for x in self.inputs:
                 outputs = dict(zip(names, session.run(None, {self.input_name: x}), strict=True))
-                for calibrator in calibrators.values():  # as ORT's collect_data does with one frame
-                    wanted = calibrator.tensors_to_calibrate
-                    calibrator.collector.collect({n: [v] for n, v in outputs.items() if n in wanted})
+                add_frame(list(calibrators.values()), outputs)
                 del outputs
                 advance(1)
             with contextlib.redirect_stdout(io.StringIO()):  # ORT prints its threshold search on stdout
@@ -207,6 +211,49 @@ def arena_free_session(path: Path) -> Any:
     opts.enable_cpu_mem_arena = False
     opts.log_severity_level = 3
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def add_frame(calibrators: list[Any], outputs: dict[str, Tensor]) -> None:
+    """One frame's activations into every calibrator's histograms. A tensor seeded with its whole range
+    (`seed_histograms`) is counted once per range and kind (values, or magnitudes for a symmetric percentile)
+    at FINE_BINS bins, and the counts are summed into each calibrator's bins; any other tensor goes through
+    ORT's own collector, as its collect_data would take one frame."""
+    fine: dict[tuple[str, bool, float, float], np.ndarray[Any, Any]] = {}
+    for calibrator in calibrators:
+        absolute = calibrator.method == "percentile" and calibrator.symmetric  # ORT's collect_absolute_value
+        hists = calibrator.collector.histogram_dict
+        left: dict[str, list[Tensor]] = {}
+        for name in calibrator.tensors_to_calibrate:
+            if name not in outputs:
+                continue
+            entry = hists.get(name)
+            bins = len(entry[0]) if entry is not None else 0
+            if not bins or FINE_BINS % bins:  # not seeded, or bins that do not divide the fine ones
+                left[name] = [outputs[name]]
+                continue
+            low, high = float(entry[1][0]), float(entry[1][-1])
+            key = (name, absolute, low, high)
+            if key not in fine:
+                fine[key] = fine_counts(outputs[name], low, high, absolute=absolute)
+            entry[0][:] += fine[key].reshape(bins, FINE_BINS // bins).sum(axis=1)
+        if left:
+            calibrator.collector.collect(left)
+
+
+def fine_counts(data: Tensor, low: float, high: float, *, absolute: bool = False) -> np.ndarray[Any, Any]:
+    """How many values of `data` (or of their magnitudes) fall in each of FINE_BINS equal bins over [low, high];
+    values beyond either end count in the end bins (a seeded range holds every value: none are)."""
+    flat = np.asarray(data, dtype=np.float32).reshape(-1)
+    if absolute:
+        flat = np.abs(flat)
+    scaled = np.subtract(flat, np.float32(low), dtype=np.float32)
+    scaled *= np.float32(FINE_BINS / (high - low))
+    index = scaled.astype(np.int32)
+    np.clip(index, 0, FINE_BINS - 1, out=index)
+    nan = np.isnan(scaled)
+    if nan.any():  # not a value: not counted (as np.histogram in ORT's collector)
+        index = index[~nan]
+    return np.bincount(index, minlength=FINE_BINS)
 
 
 def seed_histograms(calibrator: Any, bounds: Any) -> None:
