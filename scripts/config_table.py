@@ -13,7 +13,6 @@ a description is an error: the schema documents itself.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import types
@@ -22,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import generated_section
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
@@ -143,28 +143,13 @@ def table() -> str:
 
 def page_with_table(text: str) -> str:
     """The page's text with its table replaced by the generated one."""
-    if START not in text or END not in text:
-        raise SystemExit("docs/configuration.md: the config-table markers are missing")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return head + table() + tail
+    return generated_section.replaced(text, START, END, table(), "docs/configuration.md")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Rewrite or check the page."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--check", action="store_true", help="exit 1 when the page differs from the schema")
-    parser.add_argument("--page", type=Path, default=PAGE, help="the page to check or rewrite")
-    args = parser.parse_args(argv)
-    text = args.page.read_text(encoding="utf-8")
-    wanted = page_with_table(text)
-    if args.check:
-        if wanted != text:
-            print(f"{args.page}: the configuration table differs from the schema: run scripts/config_table.py")
-            return 1
-        return 0
-    args.page.write_text(wanted, encoding="utf-8")
-    return 0
+    return generated_section.main(argv, page=PAGE, wanted=page_with_table, source="the schema",
+                                  script="scripts/config_table.py")  # fmt: skip
 
 
 if __name__ == "__main__":

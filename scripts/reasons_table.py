@@ -7,9 +7,10 @@ line `edged status` can give for `degraded`, what it means and what to do.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
+
+import generated_section
 
 from edged.ops.reasons import CATALOG
 
@@ -46,28 +47,13 @@ def table() -> str:
 
 def page_with_table(text: str) -> str:
     """The page's text with its table replaced by the generated one."""
-    if START not in text or END not in text:
-        raise SystemExit("docs/status.md: the reasons-table markers are missing")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return head + table() + tail
+    return generated_section.replaced(text, START, END, table(), "docs/status.md")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Rewrite or check the page."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--check", action="store_true", help="exit 1 when the page differs from the catalog")
-    parser.add_argument("--page", type=Path, default=PAGE, help="the page to check or rewrite")
-    args = parser.parse_args(argv)
-    text = args.page.read_text(encoding="utf-8")
-    wanted = page_with_table(text)
-    if args.check:
-        if wanted != text:
-            print(f"{args.page}: the troubleshooting table differs from the catalog: run scripts/reasons_table.py")
-            return 1
-        return 0
-    args.page.write_text(wanted, encoding="utf-8")
-    return 0
+    return generated_section.main(argv, page=PAGE, wanted=page_with_table, source="the catalog",
+                                  script="scripts/reasons_table.py")  # fmt: skip
 
 
 if __name__ == "__main__":
