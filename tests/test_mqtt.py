@@ -211,11 +211,11 @@ def test_an_early_ack_of_another_message_is_never_taken_for_a_later_one(tmp_path
     spool = Spool(tmp_path / "s.db")
     pub = Publisher(MqttConfig.model_validate({"host": "127.0.0.1"}), "dev", spool, MqttStats())
     success = ReasonCode(PacketTypes.PUBACK, "Success")
-    pub._on_publish(7, success)  # noqa: SLF001  (paho's callback, driven by hand) e.g. the stats message, mid 7
+    pub.pump.window.acked(7, success)  # what paho's callback records: e.g. the stats message, mid 7
     pub.pump.window.register([(3, Message([1], [("cam0", 0.0)]))])  # a burst of rows: mid 3 is row 1
     pub.pump.window.register([(7, Message([2], [("cam0", 0.0)]))])  # much later, mid 7 again: row 2
     assert {mid: m.ids for mid, m in pub.pump.window.messages.items()} == {3: [1], 7: [2]}  # row 2 waits for its PUBACK
-    pub._on_publish(3, success)  # noqa: SLF001
+    pub.pump.window.acked(3, success)
     pub.pump.flush_acks()
     assert {mid: m.ids for mid, m in pub.pump.window.messages.items()} == {7: [2]}
     assert pub.stats.published == 1

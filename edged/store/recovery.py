@@ -12,10 +12,13 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from edged.core.errors import SpoolError
+from edged.core.threads import Supervised
 from edged.store import spooldb
 
 log = logging.getLogger(__name__)
@@ -76,3 +79,49 @@ def count_quarantined(damaged: Path, counts: Counts, committed: dict[str, int]) 
         "spool: %d unsent result(s) stay in %s (counted as dropped: quarantined); seq continues from %s",
         unsent, damaged, committed or "1",
     )  # fmt: skip
+
+
+class BackgroundCheck(Supervised):
+    """SQLite's quick_check on its own connection while the daemon runs (a large spool closed cleanly).
+
+    Damage is reported (`damage`, a status error) and `on_damage` runs (the spool leaves its seq lease
+    unclean), so that the next start checks before it opens and moves the file aside."""
+
+    def __init__(self, path: Path, sync: str, on_damage: Callable[[], None]) -> None:
+        super().__init__("edged-spool-check")
+        self.path = path
+        self.sync = sync
+        self.on_damage = on_damage
+        self.damage: str | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._stopping = False
+
+    def body(self) -> None:
+        started = time.monotonic()
+        try:
+            conn = spooldb.connect(self.path, self.sync)
+            self._conn = conn  # stop() interrupts it
+            try:
+                problem = spooldb.integrity_problem(conn)
+            finally:
+                self._conn = None
+                conn.close()
+        except sqlite3.Error as exc:
+            if self._stopping:
+                return
+            problem = str(exc)
+        if problem is None:
+            log.info("spool: integrity check passed (%.1f s, in the background)", time.monotonic() - started)
+            return
+        self.damage = f"spool damaged ({problem}); restart edged to move it aside"
+        self.on_damage()
+        log.critical("SPOOL DAMAGED: %s failed its integrity check: %s", self.path, problem)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Interrupt a check under way (it runs again at the next start if still needed) and join it."""
+        self._stopping = True
+        conn = self._conn
+        if conn is not None:
+            conn.interrupt()
+        if self.is_alive():
+            self.join(timeout=timeout)

@@ -13,8 +13,10 @@ The parts, each in its own module:
 - `seqlease.SeqAllocator`: `seq` numbers leased ahead in an fsync'd file, never reused after kill -9 or a
   torn WAL;
 - `spoolspace.SpaceGuard`: the capacity (`max_bytes`, lowered to what the disk has room for) and the ballast;
-- `recovery`: opening a spool left by a crash or a power cut (the integrity check, a damaged file moved
-  aside and its seqs and unsent results counted);
+- `recovery`: opening a spool left by a crash or a power cut (the integrity check, before the start or in
+  the background, a damaged file moved aside and its seqs and unsent results counted);
+- `batchwrite`: one commit of the writer thread, as one transaction; `eviction`: the TTL, `max_bytes` with
+  `on_full`, and the totals every drop is counted in; `gaplog`: the seq gaps status shows;
 - `spooldb`: every SQL statement.
 
 Policies (all counted by reason, nothing disappears silently): `max_bytes` with `on_full`
@@ -30,7 +32,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,10 @@ from edged.core.errors import SpoolError
 from edged.core.recent import Recent
 from edged.core.threads import Supervised
 from edged.store import recovery, spooldb
+from edged.store.batchwrite import write_batch
 from edged.store.diskspace import Ballast, free_bytes
+from edged.store.eviction import Totals
+from edged.store.gaplog import GapLog
 from edged.store.outbox import Batch, Outbox
 from edged.store.seqlease import SeqAllocator, SeqGap
 from edged.store.settings import SpoolConfig
@@ -49,30 +53,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Row", "Spool", "SpoolConfig"]
 
-RECLAIM_MIN_BYTES = 8 * 2**20  # freelist bytes above which a commit gives pages back to the filesystem
-RECLAIM_PAGES = 2048  # pages one commit gives back at most
-GAPS_KEPT = 20
 RECENT_S = 60.0  # `dropped_recent` and `dead_letters_recent` count this far back (a status reason while > 0)
 QUEUE_MAX = 1024  # unacknowledged results waiting in memory at most; append() blocks beyond (a slow disk)
-
-
-@dataclass
-class _Counters:
-    depth: int = 0
-    bytes: int = 0
-    dead_letters: int = 0
-    dropped: dict[str, int] = field(default_factory=dict)
-    uncertain: int = 0  # seqs of unclean-stop gaps: sent before the stop, lost, or never used (not drops)
-
-    def count(self, reason: str, rows: int) -> None:
-        if rows:
-            self.dropped[reason] = self.dropped.get(reason, 0) + rows
-
-    def drop(self, reason: str, rows: int, size: int) -> None:
-        """Stored rows deleted by a policy."""
-        self.count(reason, rows)
-        self.depth -= rows
-        self.bytes -= size
 
 
 class Spool:
@@ -101,15 +83,12 @@ class Spool:
         self._changes = 0
         self._listeners: list[Callable[[], None]] = []
         self.writer: Supervised | None = None
-        self._checker: Supervised | None = None
         self._write_error: str | None = None
-        self._wconn, self.recovered_from, state, self.checking = recovery.open_spool(path, self.sync)
-        self._check_conn: sqlite3.Connection | None = None
-        self.damage: str | None = None  # what the background integrity check found
+        self._wconn, self.recovered_from, state, checking = recovery.open_spool(path, self.sync)
         self._rconn = spooldb.connect(path, self.sync)
         self._rlock = threading.Lock()
         self.space = SpaceGuard(path, cfg)
-        self._n = _Counters(state["depth"], state["bytes"], state["dead_letters"], state["dropped"], state["uncertain"])
+        self._n = Totals(state["depth"], state["bytes"], state["dead_letters"], state["dropped"], state["uncertain"])
         committed: dict[str, int] = state["seqs"]
         if self.recovered_from is not None:
             recovery.count_quarantined(self.recovered_from, self._n, committed)
@@ -119,9 +98,13 @@ class Spool:
         self.recent_dead = Recent(RECENT_S, self._n.dead_letters)
         # the settled marks are trusted across a power cut only when every commit is fsync'd
         self.seqs = SeqAllocator(recovery.floor_path(path), committed, self.settled if self.sync == "full" else None)
-        self._gaps: list[dict[str, Any]] = state["gaps"]
+        # a large spool closed cleanly is checked while results flow (recovery.py)
+        self.check = recovery.BackgroundCheck(path, self.sync, self.seqs.keep_unclean) if checking else None
+        self.gap_log = GapLog(state["gaps"])
         self.new_gaps: list[SeqGap] = list(self.seqs.gaps)  # to announce (announce_gaps) before they settle
-        self._note_gaps(self.seqs.gaps)
+        if self.seqs.gaps:
+            self._n.uncertain += self.gap_log.note(self.seqs.gaps)
+            self._meta_dirty = True
         # per seq stream: the highest seq appended, and a cap while a gap is not announced yet
         self._appended: dict[str, int] = self.seqs.last()
         self._caps: dict[str, int] = {g.pipeline: g.first - 1 for g in self.seqs.gaps}
@@ -131,48 +114,10 @@ class Spool:
         if self._n.depth:
             log.info("spool %s holds %d results from before (%d bytes)", path, self._n.depth, self._n.bytes)
 
-    def _background_check(self) -> None:
-        """quick_check on its own connection while the daemon runs; damage is reported, and the next start
-        checks before it opens (the seq lease is left unclean) and moves the file aside."""
-        started = time.monotonic()
-        try:
-            conn = spooldb.connect(self.path, self.sync)
-            self._check_conn = conn  # close() interrupts it
-            try:
-                problem = spooldb.integrity_problem(conn)
-            finally:
-                self._check_conn = None
-                conn.close()
-        except sqlite3.Error as exc:
-            if self._closing:
-                return
-            problem = str(exc)
-        if problem is None:
-            log.info("spool: integrity check passed (%.1f s, in the background)", time.monotonic() - started)
-            return
-        self.damage = f"spool damaged ({problem}); restart edged to move it aside"
-        self.seqs.keep_unclean()
-        log.critical("SPOOL DAMAGED: %s failed its integrity check: %s", self.path, problem)
-
     @property
     def ballast(self) -> Ballast:
         """The ballast file next to the spool (see diskspace.py)."""
         return self.space.ballast
-
-    def _note_gaps(self, gaps: list[SeqGap]) -> None:
-        for gap in gaps:
-            self._gaps.append({"pipeline": gap.pipeline, "first": gap.first, "last": gap.last,
-                               "used_to": gap.used_to, "ts": time.time()})  # fmt: skip
-            # a gap declared again (a second cut before the first was announced) is counted once
-            overlap = sum(
-                max(0, min(int(g["last"]), gap.last) - max(int(g["first"]), gap.first) + 1)
-                for g in self._gaps[:-1]
-                if g["pipeline"] == gap.pipeline
-            )
-            self._n.uncertain += gap.size - overlap
-        del self._gaps[:-GAPS_KEPT]
-        if gaps:
-            self._meta_dirty = True
 
     def announce_gaps(self, message: Callable[[SeqGap], tuple[str, bytes]]) -> None:
         """Spool one message per gap of this start (`message(gap)` gives its topic and payload), like a
@@ -220,9 +165,8 @@ class Spool:
         self.writer = Supervised("edged-spool-writer", target=self._write_loop)
         self.writer.start()
         self.seqs.start()
-        if self.checking:
-            self._checker = Supervised("edged-spool-check", target=self._background_check)
-            self._checker.start()
+        if self.check is not None:
+            self.check.start()
 
     def next_seq(self, pipeline: str) -> int:
         """The next sequence number of a pipeline (1, 2, ...; continues after a restart, never reused)."""
@@ -354,9 +298,9 @@ class Spool:
                 "uncommitted": box.unacked_pending(),
                 "acked_before_commit": box.acked_pending,
                 "max_bytes": self.space.cap,
-                "error": self.damage or self._write_error or self.seqs.error,
+                "error": (self.check and self.check.damage) or self._write_error or self.seqs.error,
                 "space_warning": self.space.warning,
-                "seq_gaps": list(self._gaps),
+                "seq_gaps": list(self.gap_log.entries),
             }
         try:
             disk_free = free_bytes(self.path.parent)
@@ -417,7 +361,12 @@ class Spool:
         delay = 0.1
         while True:
             try:
-                n = self._transaction(batch, keep, marks)
+                n = write_batch(self._wconn, self._n, batch, keep=keep, marks=marks, clock=self.clock(), cfg=self.cfg,
+                                space=self.space, dead_letter_after=self.dead_letter_after,
+                                gaps=self.gap_log.entries)  # fmt: skip
+                with self._cond:
+                    self._write_error = None
+                self.seqs.retry()
                 break
             except sqlite3.Error as exc:
                 if self._wconn.in_transaction:
@@ -442,77 +391,6 @@ class Spool:
             self._changes += 1
             self._cond.notify_all()
 
-    def _transaction(self, batch: Batch, keep: set[int], marks: dict[str, int]) -> _Counters:
-        conn, clock = self._wconn, self.clock()
-        n = _Counters(self._n.depth, self._n.bytes, self._n.dead_letters, dict(self._n.dropped), self._n.uncertain)
-        spooldb.begin(conn)
-        rows, size = spooldb.delete_ids(conn, batch.acks)
-        n.depth, n.bytes = n.depth - rows, n.bytes - size
-        spooldb.save_tries(conn, batch.tries)
-        if batch.dead:
-            moved = spooldb.move_to_dead_letters(conn, batch.dead, self.dead_letter_after)
-            rows, size = spooldb.delete_ids(conn, moved)
-            n.depth, n.bytes, n.dead_letters = n.depth - rows, n.bytes - size, n.dead_letters + rows
-        if batch.dead_rows:
-            spooldb.insert_dead(conn, batch.dead_rows)
-            n.dead_letters += len(batch.dead_rows)
-        expired, size = spooldb.expire(conn, clock - self.cfg.max_age, keep)
-        n.drop("expired", len(expired), size)
-        admitted = self._make_room(conn, batch.rows, n, keep)
-        spooldb.insert(conn, admitted)
-        n.depth += len(admitted)
-        n.bytes += sum(len(r.payload) for r in admitted)
-        spooldb.save_seqs(conn, marks)  # settled once this commits: stored, acknowledged or counted as dropped
-        counts = [n.depth, n.bytes, n.dead_letters]
-        meta = {
-            "clock": clock,
-            "dropped": n.dropped,
-            "counts": counts,
-            "seq_gaps": self._gaps,
-            "uncertain": n.uncertain,
-        }
-        spooldb.save_meta(conn, meta)
-        self._maybe_reclaim(conn, n.bytes)
-        spooldb.commit(conn)
-        with self._cond:
-            self._write_error = None
-        self.seqs.retry()
-        return n
-
-    def _make_room(self, conn: sqlite3.Connection, batch: list[Row], n: _Counters, keep: set[int]) -> list[Row]:
-        """Apply max_bytes (and the disk's own limit) to the batch with the on_full policy."""
-        _, reusable = spooldb.space(conn)
-        cap = self.space.capacity(n.bytes, reusable)
-        incoming = sum(len(r.payload) for r in batch)
-        if n.bytes + incoming <= cap:
-            return batch
-        if self.cfg.on_full == "drop_oldest":
-            ids, size = spooldb.evict_oldest(conn, n.bytes + incoming - cap, keep)
-            n.drop("full_evicted_oldest", len(ids), size)
-            admitted = list(batch)
-            while admitted and n.bytes + sum(len(r.payload) for r in admitted) > cap:
-                admitted.pop(0)  # the batch alone is over the cap: its oldest go too
-                n.count("full_evicted_oldest", 1)
-            return admitted
-        admitted, room = [], cap - n.bytes
-        for r in batch:
-            if len(r.payload) <= room:
-                admitted.append(r)
-                room -= len(r.payload)
-            else:
-                n.count("full_rejected_newest", 1)
-        return admitted
-
-    def _maybe_reclaim(self, conn: sqlite3.Connection, stored: int) -> None:
-        """After a backlog drained, give the file's free pages back to the filesystem (a little per commit).
-
-        Only once the free pages outweigh what the file still holds: while a large backlog expires or
-        drains, new rows reuse the pages old ones freed, and moving pages to shrink the file would cost
-        writes (flash wear, and at a 1,000,000-row TTL the writer's time) for nothing."""
-        _, reusable = spooldb.space(conn)
-        if reusable >= RECLAIM_MIN_BYTES and reusable > stored:
-            spooldb.reclaim(conn, RECLAIM_PAGES)
-
     def _note_write_error(self, exc: sqlite3.Error) -> None:
         msg = f"spool write failed: {exc} (disk full or read-only?); retrying, results are kept in memory"
         with self._cond:
@@ -534,11 +412,8 @@ class Spool:
             if self.writer.is_alive():
                 log.error("spool: the writer is still committing after %.0f s; leaving it to finish", timeout)
                 return
-        check = self._check_conn
-        if check is not None:
-            check.interrupt()  # a background check stops at once (it runs again next start if needed)
-        if self._checker is not None:
-            self._checker.join(timeout=5)
+        if self.check is not None:
+            self.check.stop()
         with self._rlock:
             self._rconn.close()
         self._wconn.close()

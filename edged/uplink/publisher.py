@@ -1,11 +1,11 @@
 """The publisher: sends spooled results to an MQTT broker, oldest first; rows leave the spool on PUBACK only.
 
 Two threads per connection, the way paho is made to be used: paho's own network thread (`loop_start`)
-does the socket I/O and runs the callbacks, which only record events in the in-flight window
-(`inflight.InFlight`) and wake the `edged-mqtt` thread; that thread makes every call into paho
-(connect, publish, disconnect) and hands acknowledgements to the spool. It sleeps until something
-happens: a new result (the spool wakes it), an ack, a disconnect, or a timer it set itself (a retry, the
-stats message): an idle daemon does not poll.
+does the socket I/O and runs the callbacks (link.py), which only record events on the connection's
+`Link` and in the in-flight window (`inflight.InFlight`) and wake the `edged-mqtt` thread; that thread
+makes every call into paho (connect, publish, disconnect) and hands acknowledgements to the spool. It
+sleeps until something happens: a new result (the spool wakes it), an ack, a disconnect, or a timer it
+set itself (a retry, the stats message): an idle daemon does not poll.
 
 A result is published as soon as it leaves the model, from memory, while its commit is still due (see
 spool.py): capture to broker takes milliseconds. Each connection uses a fresh paho client, so paho's
@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Literal
 
 import paho.mqtt.client as paho
@@ -29,10 +29,10 @@ from edged.core.secrets import check_private
 from edged.core.stats import MqttStats
 from edged.core.threads import Supervised
 from edged.store.spool import Spool
-from edged.uplink.brokerlimits import BrokerLimits, describe_reason
+from edged.uplink.link import Link, Listeners, note_error
 from edged.uplink.mqttclient import CONNECT_TIMEOUT_S, PackedProperties, load_password, new_client, topic_for
 from edged.uplink.pump import ResultPump
-from edged.uplink.reconnect import TAKEOVER_COUNT, TAKEOVER_WINDOW_S, Reconnect, Takeover, next_protocol
+from edged.uplink.reconnect import Reconnect, next_protocol
 from edged.uplink.session import Hook, Session
 from edged.uplink.settings import MqttConfig
 from edged.uplink.sidechannel import SideChannel
@@ -42,22 +42,6 @@ log = logging.getLogger(__name__)
 __all__ = ["PackedProperties", "Publisher", "topic_for"]
 
 StatsSource = Callable[[], dict[str, Any]]
-
-
-@dataclass
-class _Conn:
-    """State of one broker connection (one paho client)."""
-
-    client: paho.Client
-    connected: bool = False
-    closed: bool = False
-    refused: str | None = None
-    looping: bool = False  # paho's network thread was started
-    thread: threading.Thread | None = None  # that thread
-    since: float = 0.0
-    blamed: list[int] = field(default_factory=list)  # rows it dropped over (refused, counted): reconnect at once
-    blamed_for: str = ""
-    limits: BrokerLimits = field(default_factory=BrokerLimits)  # what the broker's CONNACK allows
 
 
 def stop_network_thread(client: paho.Client, thread: threading.Thread | None, timeout: float = 10.0) -> None:
@@ -70,15 +54,6 @@ def stop_network_thread(client: paho.Client, thread: threading.Thread | None, ti
         log.debug("mqtt: paho's network thread ended while being stopped")
     if thread is not None and thread is not threading.current_thread():
         thread.join(timeout)
-
-
-def note_error(stats: MqttStats, message: str) -> None:
-    """The connection's last error (status shows it); the first occurrence is a warning, repeats (a broker that
-    stays away) go to debug."""
-    with stats.lock:
-        repeated = stats.last_error == message
-        stats.last_error = message
-    log.log(logging.DEBUG if repeated else logging.WARNING, "mqtt: %s", message)
 
 
 class Publisher(Supervised):
@@ -105,10 +80,10 @@ class Publisher(Supervised):
         self.protocol = (
             cfg.protocol
         )  # the MQTT version spoken: 3.1.1 after a broker refused 5 (see reconnect.next_protocol)
-        self._takeover = Takeover()
         self.reconnect = Reconnect(cfg)
         self.hooks: list[Hook] = []  # what rides on the connection (session.py); added before start
-        self._session: Session | None = None
+        self._ears = Listeners(self._wake.set, stats, self.client_id, f"{cfg.host}:{cfg.port}", cfg.max_inflight,
+                               self.pump.window, self._halt.is_set, self.hooks)  # fmt: skip
         self.side = SideChannel(self._wake.set)  # command replies, events, the retained state
         spool.on_change(self._wake.set)
         with stats.lock:
@@ -151,19 +126,13 @@ class Publisher(Supervised):
             self._use_protocol(self.cfg.protocol)  # a fallback holds for one connection: a restarting broker
             # can close a version 5 attempt too, and must not cost the expiry of every later message
 
-    def _connect(self) -> _Conn | None:
+    def _connect(self) -> Link | None:
         cfg = (
             self.cfg if self.protocol == self.cfg.protocol else self.cfg.model_copy(update={"protocol": self.protocol})
         )
-        conn = _Conn(
-            new_client(cfg, self.client_id, self.availability_topic, self._password, retain=not self._no_retain)
-        )
-        client = conn.client
-        client.on_connect = lambda _c, _u, _f, rc, props: self._on_connect(conn, rc, props)
-        client.on_disconnect = lambda _c, _u, _f, rc, _p: self._on_disconnect(conn, rc)
-        client.on_publish = lambda _c, _u, mid, rc, _p: self._on_publish(mid, rc)
-        client.on_message = lambda _c, _u, msg: self._on_message(msg)
-        client.on_subscribe = lambda _c, _u, mid, reasons, _p: self._on_subscribe(mid, reasons)
+        client = new_client(cfg, self.client_id, self.availability_topic, self._password, retain=not self._no_retain)
+        conn = Link(client, self._ears)
+        conn.attach()
         try:
             client.connect(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive_s)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: no plaintext fallback, ever
@@ -204,11 +173,11 @@ class Publisher(Supervised):
         self.protocol = protocol
         self.pump.speak(self.cfg.model_copy(update={"protocol": protocol}))
 
-    def _serve(self, conn: _Conn) -> None:
+    def _serve(self, conn: Link) -> None:
         """Publish while connected; return on disconnect or once drained after a stop request."""
         conn.since = time.monotonic()
         self.pump.begin(conn.limits if not self._no_retain else replace(conn.limits, retain=False), self.protocol)
-        session = self._session = Session(conn.client, self.pump.limits, mqtt5=self.protocol == "5")
+        session = conn.session = Session(conn.client, self.pump.limits, mqtt5=self.protocol == "5")
         session.publish(self.availability_topic, b"online", qos=1, retain=True)
         for hook in self.hooks:
             hook.connected(session)
@@ -232,71 +201,7 @@ class Publisher(Supervised):
             timers.append(min(self._drain_deadline - now, 0.05))  # draining before a stop: look often
         return max(0.0, min(timers)) if timers else None
 
-    # -- paho callbacks (paho's network thread): record and wake, nothing else ------------------------
-
-    def _on_connect(self, conn: _Conn, reason: Any, props: Any) -> None:
-        if getattr(reason, "is_failure", False):
-            conn.refused = describe_reason(reason, self.client_id)
-            self._wake.set()
-            return
-        conn.limits = BrokerLimits.from_properties(props)
-        # paho's own window, before anything is published on this connection: at most Receive Maximum QoS 1
-        # messages unacknowledged (results, availability, discovery alike). paho's setter refuses an open
-        # connection (its doubt is about switching between 0, "unlimited", and a limit; this stays above 0).
-        conn.client._max_inflight_messages = conn.limits.inflight(self.cfg.max_inflight)  # noqa: SLF001
-        conn.connected = True
-        with self.stats.lock:
-            self.stats.connected = True
-            self.stats.connects += 1
-            self.stats.last_error = None
-            self.stats.connected_mono = time.monotonic()
-        self._wake.set()
-
-    def _on_subscribe(self, mid: int, reasons: list[Any]) -> None:
-        session = self._session
-        if session is not None:
-            session.subacked(mid, reasons)
-
-    def _on_disconnect(self, conn: _Conn, reason: Any) -> None:
-        session = self._session
-        if session is not None:
-            session.closed()
-        was = conn.connected
-        conn.connected = False
-        conn.closed = True
-        self._wake.set()
-        blamed = self.pump.window.dropped(reason, self._halt.is_set()) if was else []
-        if blamed:  # refused on the edged-mqtt thread when it closes the connection (the spool is not paho's)
-            conn.blamed = blamed
-            conn.blamed_for = f"the broker closed the connection over this message: {reason}"
-        with self.stats.lock:
-            self.stats.connected = False
-        if was and not self._halt.is_set():
-            why = describe_reason(reason, self.client_id)
-            if self._takeover.dropped(reason, time.monotonic() - conn.since):
-                suspicion = (
-                    f"the broker closed the connection {TAKEOVER_COUNT} times within {TAKEOVER_WINDOW_S:.0f} s, each "
-                    f"soon after accepting it: another client with client id {self.client_id!r} may be taking the "
-                    "session (two devices with one device_id?)"
-                )
-                why += f"; {suspicion}"
-                with self.stats.lock:
-                    self.stats.suspicion = (time.monotonic(), suspicion)
-            note_error(self.stats, f"disconnected from {self.cfg.host}:{self.cfg.port}: {why}")
-
-    def _on_message(self, msg: paho.MQTTMessage) -> None:
-        for hook in self.hooks:
-            hook.message(msg)
-
-    def _on_publish(self, mid: int, reason: Any) -> None:
-        if self.pump.window.acked(mid, reason):
-            self._wake.set()
-
-    # -- on the edged-mqtt thread ---------------------------------------------------------------------
-
-    # -- helpers ---------------------------------------------------------------------------------------
-
-    def _close(self, conn: _Conn, *, offline: bool) -> None:
+    def _close(self, conn: Link, *, offline: bool) -> None:
         client = conn.client
         if conn.connected and offline:
             info = client.publish(self.availability_topic, "offline", qos=1, retain=True)
@@ -309,14 +214,7 @@ class Publisher(Supervised):
         sock = client.socket()
         if sock is not None:
             sock.close()
-        # The callbacks close over `conn`, which holds the client: a cycle that keeps paho's socket pair
-        # (two descriptors per connection) open until the cyclic collector runs. paho polls with select(),
-        # which fails for descriptors past 1023, so a process with many connections that reconnects often
-        # must not let them pile up: break the cycle and the client goes (and closes them) at once.
-        client.on_connect = client.on_disconnect = client.on_publish = client.on_message = client.on_subscribe = None
-        session, self._session = self._session, None  # it holds the client too
-        if session is not None:
-            session.closed()  # (again, if paho's disconnect callback ran: harmless) nothing is listened to now
+        conn.detach()
         with self.stats.lock:
             self.stats.connected = False
         if conn.blamed:
