@@ -18,13 +18,11 @@ from edged.config import Config, load_config
 from edged.control.controller import Controller
 from edged.core.durable import make_dirs
 from edged.core.errors import EdgedError
-from edged.core.histogram import Histogram
 from edged.core.stats import MqttStats
-from edged.core.threads import Supervised
 from edged.core.waker import Waker
 from edged.model import engines
 from edged.model.session import CPU, TENSORRT, select_providers, share_cores, usable_cores
-from edged.ops import reasons
+from edged.ops.health import Report
 from edged.ops.metrics import MetricsServer, TextfileWriter, start_metrics
 from edged.ops.reload import Reloader
 from edged.ops.statelock import StateLock
@@ -153,6 +151,7 @@ class Daemon:
         self.state_lock: StateLock | None = None
         self.controller: Controller | None = None
         self.metrics: list[MetricsServer | TextfileWriter] = []
+        self.report = Report(self)  # the status JSON, health and reasons: a pure read of the parts above
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -166,13 +165,13 @@ class Daemon:
             self.spool = Spool(cfg.state_dir / "spool.db", cfg.spool, dead_letter_after=cfg.mqtt.dead_letter_after)
             self.spool.announce_gaps(self._gap_message)
             self.spool.start()
-            self.status_server = StatusServer(cfg.status_socket, self.snapshot, cfg.status.mode)
+            self.status_server = StatusServer(cfg.status_socket, self.report.snapshot, cfg.status.mode)
             self.status_server.start()
-            self.metrics = start_metrics(cfg.metrics, self.snapshot, self.histograms)
+            self.metrics = start_metrics(cfg.metrics, self.report.snapshot, self.report.histograms)
             if cfg.mqtt.enabled:  # secrets are read here: a bad key file stops edged before the models load
                 self.publisher = Publisher(cfg.mqtt, cfg.device_id, self.spool, self.mqtt_stats)
                 if cfg.mqtt.stats_interval_s:
-                    self.publisher.add_hook(StatsMessage(cfg.mqtt, cfg.device_id, self.snapshot))
+                    self.publisher.add_hook(StatsMessage(cfg.mqtt, cfg.device_id, self.report.snapshot))
                 self._wire_control()
                 self._wire_homeassistant()
             models = self._load_models()
@@ -219,7 +218,7 @@ class Daemon:
             self.config.control,
             self.config.device_id,
             self.config.state_dir,
-            target=ControlPort(self.reloader, self.pipelines, self.snapshot, self.candidate_check),
+            target=ControlPort(self.reloader, self.pipelines, self.report.snapshot, self.candidate_check),
             side=self.publisher.side,
         )
         self.publisher.add_hook(self.controller)  # its command topics ride on the connection
@@ -313,12 +312,12 @@ class Daemon:
         line and the watchdog ping."""
         now = time.monotonic()
         timers: list[tuple[float, float, Callable[[], object]]] = [
-            (now + LOG_EVERY_S, LOG_EVERY_S, lambda: log.info("%s", self.status_line()))
+            (now + LOG_EVERY_S, LOG_EVERY_S, lambda: log.info("%s", self.report.status_line()))
         ]
         if self.controller is not None:  # the retained state follows health changes
             timers.append((now + STATUS_EVERY_S, STATUS_EVERY_S, self.controller.report_state))
         if os.environ.get("NOTIFY_SOCKET"):
-            timers.append((now, STATUS_EVERY_S, lambda: notify("STATUS=" + self.status_line())))
+            timers.append((now, STATUS_EVERY_S, lambda: notify("STATUS=" + self.report.status_line())))
         ping_every = watchdog_interval()
         if ping_every:
             timers.append((now, ping_every, self._watchdog))
@@ -376,28 +375,6 @@ class Daemon:
 
     # -- reporting -------------------------------------------------------------------------------------
 
-    def health(self) -> str:
-        """running, or degraded when anything in `reasons()` is wrong."""
-        if self.state != "running":
-            return self.state
-        return "degraded" if self.reasons() else "running"
-
-    def reasons(self, spool: dict[str, Any] | None = None) -> list[str]:
-        """Why the daemon is not fully working, one line each (ops/reasons.py); empty when everything works.
-        A pure read: any thread may ask."""
-        owned: list[Supervised | None] = [self.publisher, self.status_server, self.reloader, self.controller,
-                                          *self.metrics]  # fmt: skip
-        if self.spool is not None:
-            owned += [self.spool.writer, self.spool.seqs.renewer]
-        if spool is None:
-            spool = self.spool.stats() if self.spool is not None else {}
-        return [
-            *reasons.pipeline_reasons(self.pipelines),
-            *reasons.thread_reasons(owned),
-            *(reasons.broker_reasons(self.mqtt_stats) if self.config.mqtt.enabled else []),
-            *reasons.spool_reasons(spool, self.mqtt_stats),
-        ]
-
     def _gap_message(self, gap: SeqGap) -> tuple[str, bytes]:
         """The topic and payload announcing a seq gap left by an unclean stop."""
         pipeline = gap.pipeline.partition("/")[0]
@@ -406,46 +383,6 @@ class Daemon:
         )
         topic = topic_for(self.config.mqtt.gaps_topic, self.config.device_id, pipeline)
         return topic, json.dumps(body, separators=(",", ":")).encode()
-
-    def histograms(self) -> dict[str, dict[str, Histogram]]:
-        """Latency histograms per pipeline: its stages, and `e2e` (capture to PUBACK), for /metrics."""
-        e2e = self.mqtt_stats.e2e_histograms()
-        out = {runner.name: runner.stats.histograms() for runner in self.pipelines}
-        for name, hist in e2e.items():
-            out.setdefault(name, {})["e2e"] = hist
-        return out
-
-    def snapshot(self) -> dict[str, Any]:
-        """The status JSON (the contract in docs/status.md; other programs read it)."""
-        spool = self.spool.stats() if self.spool is not None else {}
-        reasons = self.reasons(spool) if self.state == "running" else []
-        pipelines = []
-        for runner in self.pipelines:
-            entry = runner.stats.snapshot()
-            entry["latency_ms"]["e2e"] = self.mqtt_stats.e2e(runner.name)  # capture -> PUBACK
-            pipelines.append(entry)
-        return {
-            "state": ("degraded" if reasons else "running") if self.state == "running" else self.state,
-            "reasons": reasons,
-            "version": __version__,
-            "device_id": self.config.device_id,
-            "pid": os.getpid(),
-            "uptime_s": round(time.monotonic() - self.started, 1),
-            "pipelines": pipelines,
-            "spool": spool,
-            "mqtt": self.mqtt_stats.snapshot(),
-            "reload": self.reloader.status(),
-            "control": self.controller.snapshot() if self.controller is not None else None,
-        }
-
-    def status_line(self) -> str:
-        """One line for sd_notify STATUS= and periodic logs."""
-        fps = " ".join(f"{runner.name}={runner.stats.fps():.1f}fps" for runner in self.pipelines)
-        depth = self.spool.depth if self.spool is not None else 0
-        broker = "connected" if self.mqtt_stats.connected else "disconnected"
-        if not self.config.mqtt.enabled:
-            broker = "disabled"
-        return f"{self.health()}: {fps} spool={depth} mqtt={broker}"
 
 
 def run_daemon(daemon: Daemon) -> int:

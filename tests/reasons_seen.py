@@ -1,8 +1,8 @@
 """Every `reasons` line the test suite sees, so docs/troubleshooting.md can be held to the code: each line a
-status answer or `Daemon.reasons()` gave in any test must match an entry of edged's reason catalog.
+status answer or `Report.reasons()` gave in any test must match an entry of edged's reason catalog.
 
 A pass-through recorder, installed by conftest before the test modules import: it wraps `edged.ops.status.query`
-(the status answers of daemon processes) and `Daemon.reasons` (in-process daemons); what they return is
+(the status answers of daemon processes) and `Report.reasons` (in-process daemons); what they return is
 unchanged. `EDGED_REASONS_SEEN=FILE` also writes the lines seen, one per line, at the end of the session.
 """
 
@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 import edged.ops.status
-from edged.daemon import Daemon
+from edged.ops.health import Report
 
 SEEN: set[str] = set()
 _LOCK = threading.Lock()
@@ -30,7 +30,7 @@ def install() -> None:
     if getattr(edged.ops.status.query, "records_reasons", False):
         return
     query = edged.ops.status.query
-    reasons = Daemon.reasons
+    reasons = Report.reasons
 
     @functools.wraps(query)
     def recording_query(*args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -40,11 +40,11 @@ def install() -> None:
         return answer
 
     @functools.wraps(reasons)
-    def recording_reasons(self: Daemon, spool: dict[str, Any] | None = None) -> list[str]:
+    def recording_reasons(self: Report, spool: dict[str, Any] | None = None) -> list[str]:
         out = reasons(self, spool)
         _record(out)
         return out
 
     recording_query.records_reasons = True  # type: ignore[attr-defined]
     edged.ops.status.query = recording_query
-    Daemon.reasons = recording_reasons  # type: ignore[method-assign]
+    Report.reasons = recording_reasons  # type: ignore[method-assign]

@@ -36,8 +36,8 @@ def test_a_raising_result_hook_marks_the_pipeline_failed_and_status_says_why(tmp
         rt = daemon.pipelines[0]
         wait_for(lambda: rt.stats.state == "failed", 30, "the pipeline marked failed")
         assert "storing the result failed: a hook that breaks" in (rt.stats.error or "")
-        assert daemon.health() == "degraded"
-        assert "pipeline cam0 failed: storing the result failed: a hook that breaks" in daemon.reasons()
+        assert daemon.report.health() == "degraded"
+        assert "pipeline cam0 failed: storing the result failed: a hook that breaks" in daemon.report.reasons()
         wait_for(lambda: not rt.running(), 30, "every worker of the pipeline ended")
     finally:
         finish(daemon, waiter)  # aftermath: the daemon still stops cleanly (it also stops by itself here)
@@ -54,7 +54,7 @@ def test_a_source_thread_that_dies_marks_its_pipeline_failed_and_the_status_says
         runner = daemon.pipelines[0]
         wait_for(lambda: runner.stats.state == "failed", 30, "the pipeline marked failed")
         assert "source thread died: RuntimeError: driver bug" in (runner.stats.error or "")
-        snapshot = daemon.snapshot()
+        snapshot = daemon.report.snapshot()
         assert snapshot["state"] == "degraded"
         assert "pipeline cam0 failed: source thread died: RuntimeError: driver bug" in snapshot["reasons"]
         assert "thread edged-source-cam0 died: RuntimeError: driver bug" in snapshot["reasons"]
@@ -73,11 +73,11 @@ def test_a_dead_source_degrades_status_while_the_other_pipeline_keeps_producing(
     daemon = Daemon(config_from_dict(cfg))
     daemon.start()
     try:
-        wait_for(lambda: by_name(daemon.snapshot(), "a")["frames"] >= 10, 30, "pipeline a's frames")
+        wait_for(lambda: by_name(daemon.report.snapshot(), "a")["frames"] >= 10, 30, "pipeline a's frames")
         dying.unlink()
-        wait_for(lambda: "file not found" in (by_name(daemon.snapshot(), "a")["error"] or ""), 30, "a failing")
-        wait_for(lambda: by_name(daemon.snapshot(), "b")["state"] == "ended", 60, "pipeline b to finish its file")
-        snap = daemon.snapshot()
+        wait_for(lambda: "file not found" in (by_name(daemon.report.snapshot(), "a")["error"] or ""), 30, "a failing")
+        wait_for(lambda: by_name(daemon.report.snapshot(), "b")["state"] == "ended", 60, "b to finish its file")
+        snap = daemon.report.snapshot()
     finally:
         daemon.stop()
     assert snap["state"] == "degraded"
@@ -107,10 +107,10 @@ def test_a_model_failing_at_run_time_stops_only_its_pipeline(tmp_path: Path, mon
     monkeypatch.setattr(LoadedModel, "run", flaky)
     daemon.start()
     try:
-        wait_for(lambda: by_name(daemon.snapshot(), "a")["state"] == "failed", 30, "pipeline a to fail")
-        at_failure = by_name(daemon.snapshot(), "b")["frames"]
-        wait_for(lambda: by_name(daemon.snapshot(), "b")["frames"] >= at_failure + 30, 30, "b to go on")
-        snap = daemon.snapshot()
+        wait_for(lambda: by_name(daemon.report.snapshot(), "a")["state"] == "failed", 30, "pipeline a to fail")
+        at_failure = by_name(daemon.report.snapshot(), "b")["frames"]
+        wait_for(lambda: by_name(daemon.report.snapshot(), "b")["frames"] >= at_failure + 30, 30, "b to go on")
+        snap = daemon.report.snapshot()
     finally:
         daemon.stop()
     assert snap["state"] == "degraded"
@@ -141,15 +141,15 @@ def test_a_broker_that_stops_acknowledging_makes_status_degraded_until_it_acknow
     waiter = threading.Thread(target=daemon.wait, name="test-wait")
     waiter.start()
     try:
-        wait_for(lambda: daemon.mqtt_stats.published >= 10 and daemon.health() == "running", 30, "results flowing")
+        wait_for(lambda: daemon.mqtt_stats.published >= 10 and daemon.report.health() == "running", 30, "results")
         assert own_broker.proc is not None
         own_broker.proc.send_signal(signal.SIGSTOP)
-        wait_for(lambda: any("acknowledged nothing" in r for r in daemon.reasons()), 30, "the stall reported")
-        assert daemon.health() == "degraded"
+        wait_for(lambda: any("acknowledged nothing" in r for r in daemon.report.reasons()), 30, "the stall reported")
+        assert daemon.report.health() == "degraded"
         assert daemon.mqtt_stats.connected  # the connection itself looks fine: only the acks tell
         wait_for(lambda: daemon.spool is not None and daemon.spool.depth >= 30, 30, "results waiting meanwhile")
         own_broker.proc.send_signal(signal.SIGCONT)
-        wait_for(lambda: daemon.health() == "running", 30, "healthy again once acks come")
+        wait_for(lambda: daemon.report.health() == "running", 30, "healthy again once acks come")
         wait_for(lambda: daemon.spool is not None and daemon.spool.depth < 30, 30, "the backlog sent")
     finally:
         if own_broker.proc is not None:

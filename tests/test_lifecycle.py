@@ -119,7 +119,7 @@ def test_notify_order_and_a_hung_model_run_silences_the_watchdog(
     before = notify_socket.count("WATCHDOG=1")
     time.sleep(1.0)  # ten ping intervals
     assert notify_socket.count("WATCHDOG=1") == before  # silence: systemd would restart us
-    assert daemon.snapshot()["pipelines"][0]["frames"] > 0
+    assert daemon.report.snapshot()["pipelines"][0]["frames"] > 0
     release.set()
     daemon.request_stop()
     waiter.join(10)

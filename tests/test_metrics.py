@@ -40,7 +40,7 @@ def test_metrics_match_the_status_and_parse_with_the_prometheus_parser(tmp_path:
     daemon.start()
     try:
         daemon.wait()  # the video ends
-        status = daemon.snapshot()
+        status = daemon.report.snapshot()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
             assert reply.headers["Content-Type"].startswith("text/plain; version=0.0.4")
             fams = families(reply.read().decode())

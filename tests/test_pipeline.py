@@ -86,7 +86,7 @@ def test_a_failing_model_stops_its_pipeline_and_the_daemon_reports_it(
 
     monkeypatch.setattr(LoadedModel, "run", flaky)
     daemon.wait()  # returns once every worker has stopped
-    snap = daemon.snapshot()
+    snap = daemon.report.snapshot()
     daemon.stop()
     (p,) = snap["pipelines"]
     assert p["state"] == "failed"

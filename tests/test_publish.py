@@ -87,7 +87,7 @@ def test_on_change_in_the_daemon_counts_every_frame_and_numbers_only_published_r
     daemon = Daemon(config_from_dict(cfg))
     daemon.start()
     daemon.wait()  # the file ends: stop_at_end
-    snap = daemon.snapshot()
+    snap = daemon.report.snapshot()
     daemon.stop()
     (status,) = snap["pipelines"]
     assert status["frames"] == 35  # every frame ran and is counted
