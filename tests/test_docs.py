@@ -83,7 +83,7 @@ def test_the_docs_are_pages_in_the_operators_order_and_the_readme_is_short() -> 
     assert 100 <= readme.count("\n") <= 250
     linked = [m for m in LINK.findall(readme) if m.startswith("docs/")]
     for page in ("getting-started", "configuration", "status", "mqtt", "models", "store-and-forward", "fleet",
-                 "home-assistant-and-metrics", "architecture", "benchmarks"):  # fmt: skip
+                 "home-assistant-and-metrics", "architecture", "benchmarks", "cli"):  # fmt: skip
         assert f"docs/{page}.md" in linked, f"the README does not lead to docs/{page}.md"
 
 
@@ -124,6 +124,16 @@ def test_the_docs_commands_are_found() -> None:
 def test_the_troubleshooting_table_is_the_one_the_catalog_generates() -> None:
     text = prose(REPO / "docs" / "status.md")
     assert reasons_table.page_with_table(text) == text, "run scripts/reasons_table.py and commit docs/status.md"
+
+
+def test_the_command_line_page_is_the_one_the_parser_generates() -> None:
+    """docs/cli.md is edged's own --help pages: one declaration per option makes the flag and its docs."""
+    script = [sys.executable, str(REPO / "scripts" / "cli_reference.py"), "--check"]
+    checked = subprocess.run(script, capture_output=True, text=True, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    page = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert "### edged fleet send" in page
+    assert "--signing-key KEY, --key KEY" in page  # a shared option, declared once
 
 
 @pytest.mark.parametrize("reason", CATALOG, ids=lambda r: r.example[:50])
