@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Feed synthetic motor vibration to edged: CSV lines `t,x,y,z` into a named pipe (or stdout), with known labels.
 
 The motor changes state every segment (`--segment-windows` windows of 256 samples; the state of each

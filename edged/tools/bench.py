@@ -21,7 +21,14 @@ from edged.core.errors import EdgedError, ToolError
 from edged.model.preprocess import DTYPES, ORT_TYPES
 from edged.model.session import CPU, LoadedModel, usable_cores
 from edged.model.settings import PreprocessConfig
-from edged.tools.common import available_providers, human_bytes, open_model, resolve_preprocessor, stdout_console
+from edged.tools.common import (
+    available_providers,
+    check_model_file,
+    human_bytes,
+    open_model,
+    resolve_preprocessor,
+    stdout_console,
+)
 from edged.tools.frames import Tensor, load_inputs
 from edged.tools.progress import progress_bar
 
@@ -46,6 +53,8 @@ def bench_models(paths: list[Path], opts: BenchOptions) -> dict[str, Any]:
     """Measure every model on every provider and thread count; the report holds one row per combination."""
     if opts.runs < 1 or opts.warmup < 0:
         raise ToolError("--runs must be >= 1 and --warmup >= 0")
+    for path in paths:
+        check_model_file(path)  # before anything reads one (each model's metadata is read first)
     have = available_providers()
     providers = opts.providers or have
     missing = [p for p in providers if p not in have]
