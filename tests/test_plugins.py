@@ -33,10 +33,12 @@ def install_plugin(site: Path) -> None:
     (info / "entry_points.txt").write_text("[edged.postprocessors]\nalarm = edged_alarm\n", encoding="utf-8")
 
 
-def check_config(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
+def check_config(
+    config: Path, site: Path, command: tuple[str, ...] = ("check-config",)
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(site)}
     return subprocess.run(
-        [sys.executable, "-m", "edged", "check-config", str(config)],
+        [sys.executable, "-m", "edged", *command, str(config)],
         capture_output=True, text=True, timeout=120, check=False, env=env,
     )  # fmt: skip
 
@@ -57,6 +59,13 @@ def test_the_readme_plugin_is_found_checked_and_run(tmp_path: Path) -> None:
     assert "Traceback" not in refused.stderr
     assert f"{bad}:" in refused.stderr
     assert "alarm: no output 3" in refused.stderr
+    # `run` makes the same check before it opens the camera, and names the pipeline once
+    ran = check_config(bad, site, ("run", "--config"))
+    assert ran.returncode == 1
+    (error,) = [line for line in ran.stderr.splitlines() if line.startswith("edged: error:")]
+    assert error.startswith("edged: error: pipeline cam0: ")
+    assert error.count("pipeline cam0") == 1, error
+    assert "alarm: no output 3" in error
 
 
 def test_without_the_plugin_its_type_is_unknown(tmp_path: Path) -> None:

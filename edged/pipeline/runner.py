@@ -100,7 +100,9 @@ class PipelineRunner:
         try:
             model = load_pipeline_model(cfg, self.state_dir, cores=self.cores, on_building=building,
                                         notify=self.notify)  # fmt: skip
-        except (ModelError, ProviderError) as exc:  # say which pipeline: a config may have several
+        except (ModelError, ProviderError) as exc:  # say which pipeline (once): a config may have several
+            if str(exc).startswith(f"pipeline {cfg.name}: "):
+                raise
             raise type(exc)(f"pipeline {cfg.name}: {exc}") from exc
         finally:
             if self.stats.state == "building_engine":
