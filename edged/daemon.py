@@ -40,6 +40,7 @@ from edged.uplink.homeassistant import STATE_FILE as HA_STATE_FILE
 from edged.uplink.homeassistant import Discovery
 from edged.uplink.publisher import Publisher, topic_for
 from edged.uplink.session import Announce
+from edged.uplink.sidechannel import SideChannel
 from edged.uplink.statsmessage import StatsMessage
 
 log = logging.getLogger(__name__)
@@ -214,12 +215,14 @@ class Daemon:
         """Remote control (off unless `control:` is configured) rides on the publisher's connection."""
         if self.config.control is None or self.publisher is None:
             return
+        side = SideChannel()  # replies, events and the reported state: not spooled, before the next results
+        self.publisher.add_hook(side)
         self.controller = Controller(
             self.config.control,
             self.config.device_id,
             self.config.state_dir,
             target=ControlPort(self.reloader, self.pipelines, self.report.snapshot, self.candidate_check),
-            side=self.publisher.side,
+            side=side,
         )
         self.publisher.add_hook(self.controller)  # its command topics ride on the connection
 

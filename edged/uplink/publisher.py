@@ -35,7 +35,6 @@ from edged.uplink.pump import ResultPump
 from edged.uplink.reconnect import Reconnect, next_protocol
 from edged.uplink.session import Hook, Session
 from edged.uplink.settings import MqttConfig
-from edged.uplink.sidechannel import SideChannel
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +83,14 @@ class Publisher(Supervised):
         self.hooks: list[Hook] = []  # what rides on the connection (session.py); added before start
         self._ears = Listeners(self._wake.set, stats, self.client_id, f"{cfg.host}:{cfg.port}", cfg.max_inflight,
                                self.pump.window, self._halt.is_set, self.hooks)  # fmt: skip
-        self.side = SideChannel(self._wake.set)  # command replies, events, the retained state
         spool.on_change(self._wake.set)
         with stats.lock:
             stats.broker = f"{cfg.host}:{cfg.port}"
 
     def add_hook(self, hook: Hook) -> None:
-        """Something that rides on every connection (the stats message, discovery, remote control): before
-        start."""
+        """Something that rides on every connection (the stats message, discovery, remote control, its side
+        channel): before start. Each turn runs the hooks in the order added, then the results."""
+        hook.bind(self._wake.set)
         self.hooks.append(hook)
 
     def request_stop(self, grace_s: float) -> None:
@@ -186,10 +185,9 @@ class Publisher(Supervised):
             if self._halt.is_set() and self.pump.drained(self._drain_deadline or 0.0):
                 return
             self.pump.flush_acks()
-            self.side.drain(conn.client, mqtt5=self.protocol == "5")
+            timers = [t for t in (hook.turn(session) for hook in self.hooks) if t is not None]
             if conn.limits.max_qos >= self.cfg.qos:  # else nothing could be acknowledged: results stay spooled
                 self.pump.pump(conn.client)
-            timers = [t for t in (hook.turn(session) for hook in self.hooks) if t is not None]
             self._wake.wait(self._sleep_s(timers))
 
     def _sleep_s(self, timers: list[float]) -> float | None:

@@ -89,6 +89,10 @@ class Session:
 class Hook:
     """Something that rides on the connection; every method is optional (the defaults do nothing)."""
 
+    def bind(self, wake: Callable[[], None]) -> None:
+        """Added to a connection: `wake()` (any thread, cheap) asks it for a turn soon, e.g. with something to
+        send."""
+
     def connected(self, session: Session) -> None:
         """A connection is up (edged-mqtt thread): publish what goes on every connection, subscribe."""
 

@@ -1,7 +1,8 @@
 """Messages beside the results: command replies, events and the retained state.
 
 They are not spooled (a reply to a command nobody waits for any more is worth nothing after a restart);
-they wait in a small bounded queue for the next connection and go before the next results.
+they wait in a small bounded queue for the next connection and go before the next results. The side channel
+is a hook on the publisher's connection (session.py), added by the daemon with remote control.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Literal
 import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+
+from edged.uplink.session import Hook, Session
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +37,22 @@ class SideMessage:
     op: Literal["publish", "subscribe", "unsubscribe"] = "publish"  # or (un)subscribe `topic` as a filter
 
 
-class SideChannel:
-    """The bounded queue of side messages; any thread sends, the edged-mqtt thread drains."""
+class SideChannel(Hook):
+    """The bounded queue of side messages; any thread sends, the edged-mqtt thread drains on each turn."""
 
-    def __init__(self, wake: Callable[[], None]) -> None:
-        self._wake = wake
+    def __init__(self) -> None:
+        self._wake: Callable[[], None] = lambda: None  # until added to a connection (bind)
         self._queue: deque[SideMessage] = deque(maxlen=SIDE_MAX)
         self._lock = threading.Lock()
+
+    def bind(self, wake: Callable[[], None]) -> None:
+        """The connection's wake-up: each message sent asks for a turn."""
+        self._wake = wake
+
+    def turn(self, session: Session) -> float | None:
+        """Hand every queued message to paho; then the results of this turn go."""
+        self.drain(session.client, mqtt5=session.mqtt5)
+        return None
 
     def send(self, message: SideMessage) -> None:
         """Queue a message and wake the publisher."""
