@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from edged.capture.sensor import SensorSourceConfig
-from edged.core.errors import EdgedError, ModelError
+from edged.core.errors import EdgedError, ModelError, ProviderError
 from edged.core.stats import PipelineStats
 from edged.model import engines
 from edged.model.feeds import InputsError
@@ -77,7 +77,7 @@ def prepare_model(cfg: PipelineConfig, state_dir: Path, cores: int | None = None
     warm_up(loaded, tensor_shape, cfg.model.warmup_runs)
     found = dry_run(cfg, loaded, pre, post)  # as check-config does: a decoder that cannot read fails now
     if found is not None:
-        raise ModelError(f"pipeline {cfg.name}: {found[0]}: {found[1]}")
+        raise ModelError(f"{found[0]}: {found[1]}")  # its caller names the pipeline
     if loaded.feeds is not None:
         loaded.feeds.reset()
     return Model(loaded, pre, post, [load_secondary(s, state_dir, cores) for s in cfg.secondary])
@@ -177,14 +177,19 @@ def load_pipeline_model(
     on_building: Notice | None = None,
     notify: Notice | None = None,
 ) -> Model:
-    """`prepare_model`, announcing a TensorRT build first (`on_building` gets the status line)."""
-    path = engines.pending_build(cfg.model, state_dir)
-    if path is None:
-        return prepare_model(cfg, state_dir, cores)
-    if on_building is not None:
-        on_building(f"building TensorRT engine for pipeline {cfg.name}")
-    with engines.build_progress(cfg.name, path, notify):
-        return prepare_model(cfg, state_dir, cores)
+    """`prepare_model`, announcing a TensorRT build first (`on_building` gets the status line). A model or
+    provider error names the pipeline (a config may have several): the one path of `run`, reload and
+    `prepare`."""
+    try:
+        path = engines.pending_build(cfg.model, state_dir)
+        if path is None:
+            return prepare_model(cfg, state_dir, cores)
+        if on_building is not None:
+            on_building(f"building TensorRT engine for pipeline {cfg.name}")
+        with engines.build_progress(cfg.name, path, notify):
+            return prepare_model(cfg, state_dir, cores)
+    except (ModelError, ProviderError) as exc:
+        raise type(exc)(f"pipeline {cfg.name}: {exc}") from exc
 
 
 def describe_model(stats: PipelineStats, model: Model) -> None:

@@ -17,7 +17,7 @@ from edged.capture.base import FrameSlot, Source, make_source
 from edged.capture.motion import MotionGate
 from edged.capture.rtsp import redact_uri
 from edged.capture.sensor import SensorSourceConfig
-from edged.core.errors import EdgedError, ModelError, ProviderError
+from edged.core.errors import EdgedError
 from edged.core.stats import PipelineStats
 from edged.pipeline.model import Model, ModelRef, Notice, describe_model, load_pipeline_model
 from edged.pipeline.resultfilter import make_filter
@@ -100,10 +100,6 @@ class PipelineRunner:
         try:
             model = load_pipeline_model(cfg, self.state_dir, cores=self.cores, on_building=building,
                                         notify=self.notify)  # fmt: skip
-        except (ModelError, ProviderError) as exc:  # say which pipeline (once): a config may have several
-            if str(exc).startswith(f"pipeline {cfg.name}: "):
-                raise
-            raise type(exc)(f"pipeline {cfg.name}: {exc}") from exc
         finally:
             if self.stats.state == "building_engine":
                 self.stats.set_state(before)
