@@ -129,6 +129,7 @@ class Daemon:
         self._reload_asked = False
         self._wake: Waker | None = None  # made by start()
         self._stopped = False
+        self.fatal: str | None = None  # a thread that does not restart in-process died: exit 1, systemd restarts
         self.watchdog_stopped = False
         self.mqtt_stats = MqttStats(enabled=config.mqtt.enabled)
         self.pipelines = [
@@ -165,12 +166,12 @@ class Daemon:
             self.state_lock = StateLock(cfg.state_dir)  # before anything is opened: one daemon per state_dir
             self.spool = Spool(cfg.state_dir / "spool.db", cfg.spool, dead_letter_after=cfg.mqtt.dead_letter_after)
             self.spool.announce_gaps(self._gap_message)
-            self.spool.start()
+            self.spool.start(on_death=self._fatal)
             self.status_server = StatusServer(cfg.status_socket, self.report.snapshot, cfg.status.mode)
             self.status_server.start()
             self.metrics = start_metrics(cfg.metrics, self.report.snapshot, self.report.histograms)
             if cfg.mqtt.enabled:  # secrets are read here: a bad key file stops edged before the models load
-                self.publisher = Publisher(cfg.mqtt, cfg.device_id, self.spool, self.mqtt_stats)
+                self.publisher = Publisher(cfg.mqtt, cfg.device_id, self.spool, self.mqtt_stats, on_death=self._fatal)
                 if cfg.mqtt.stats_interval_s:
                     self.publisher.add_hook(StatsMessage(cfg.mqtt, cfg.device_id, self.report.snapshot))
                 self._wire_control()
@@ -265,6 +266,19 @@ class Daemon:
         """SIGHUP: `wait()` passes the request on to the reloader (safe from a signal handler)."""
         self._reload_asked = True
         self._poke()
+
+    def _fatal(self, why: str) -> None:
+        """A thread whose state cannot be resumed in-process died (the publisher, the spool's writer or its seq
+        lease): stop, flushing what can be flushed, and exit 1 so that systemd starts edged afresh from the
+        spool on disk (Restart=on-failure). Threads that heal in-process restart themselves (core/threads.py)."""
+        if self.fatal is None:
+            self.fatal = why
+            log.critical(
+                "a thread that does not restart in-process died (%s): stopping so that systemd restarts "
+                "edged (results are safe in the spool)",
+                why,
+            )
+        self.request_stop()
 
     def request_stop(self) -> None:
         """Ask `wait()` to return; safe from signal handlers and other threads."""
@@ -413,4 +427,4 @@ def run_daemon(daemon: Daemon) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
     failed = [runner.name for runner in daemon.pipelines if runner.stats.state == "failed"]
-    return 1 if failed else 0
+    return 1 if failed or daemon.fatal else 0

@@ -39,7 +39,7 @@ class Envelope(BaseModel):
     cmd: CommandName
     id: str = Field(min_length=1, max_length=64)
     target: str = Field(min_length=1, max_length=80, description="A device id, or group:<name>.")
-    ts: float
+    ts: float = Field(allow_inf_nan=False, description="When it was signed (epoch s); NaN would never age out.")
     nonce: str = Field(min_length=8, max_length=128)
     args: dict[str, Any] = Field(default_factory=dict)
     sig: str

@@ -35,7 +35,7 @@ from edged.control.rollout import Rollout, RolloutTarget
 from edged.control.rolloutspec import ModelArgs
 from edged.control.settings import ControlConfig
 from edged.core.errors import CommandError, EdgedError
-from edged.core.threads import Supervised
+from edged.core.threads import Restart, Supervised
 from edged.pipeline.frametap import FrameTap, save_frames
 from edged.uplink.mqttclient import topic_for
 from edged.uplink.session import Hook, Session
@@ -44,6 +44,8 @@ from edged.uplink.sidechannel import SideMessage
 log = logging.getLogger(__name__)
 
 QUEUE_MAX = 16  # command messages waiting at most; beyond, they are refused as `busy`
+MAX_RESPONSE_TOPIC = 1024  # characters of an MQTT 5 response topic edged answers on
+BUSY_ANSWER_EVERY_S = 1.0  # refusals of a full queue are answered at most this often (all are counted)
 REFUSALS = frozenset({"bad_model_signature", "hash_mismatch", "too_large", "malformed"})  # counted as refused
 ROLLOUT_OUTCOMES = {"validation_failed": "rejected", "too_slow": "rejected", "check_failed": "rejected",
                     "rolled_back": "rolled_back"}  # fmt: skip
@@ -94,7 +96,9 @@ class Controller(Supervised, Hook):
     def __init__(
         self, cfg: ControlConfig, device_id: str, state_dir: Path, *, target: ControlTarget, side: SideSender | None
     ) -> None:
-        super().__init__("edged-control")
+        # restarts after a death: the queue, the gate and its nonces are the object's, so a new body goes on
+        # where the old one stopped (a command that killed it was answered `failed` by _handle first)
+        super().__init__("edged-control", restart=Restart())
         self.cfg = cfg
         self.device_id = device_id
         self.state_dir = state_dir
@@ -106,6 +110,7 @@ class Controller(Supervised, Hook):
         self._queue: queue.Queue[tuple[str, bytes, str | None, bytes | None] | None] = queue.Queue(QUEUE_MAX)
         self._lock = threading.Lock()
         self._busy = 0
+        self._busy_answered = -BUSY_ANSWER_EVERY_S
         self._job: Supervised | None = None  # the command running on edged-control-job, if any
         self._job_what = ""
         self._job_since = 0.0
@@ -131,7 +136,14 @@ class Controller(Supervised, Hook):
         props = getattr(message, "properties", None)
         response = getattr(props, "ResponseTopic", None) if props is not None else None
         correlation = getattr(props, "CorrelationData", None) if props is not None else None
-        self.deliver(message.topic, bytes(message.payload), response, correlation)
+        try:
+            topic = message.topic
+        except UnicodeDecodeError:  # a broker that lets a topic which is not UTF-8 through: not a command topic
+            log.warning("control: a message on a topic that is not UTF-8 was dropped")
+            return
+        if not isinstance(response, str) or len(response) > MAX_RESPONSE_TOPIC or any(c in response for c in "+#\0"):
+            response, correlation = None, None  # no answer to a topic that is no topic (a filter, too long)
+        self.deliver(topic, bytes(message.payload), response, correlation)
 
     def topics(self) -> list[str]:
         """Command topic filters: this device's and its groups'."""
@@ -148,9 +160,16 @@ class Controller(Supervised, Hook):
         try:
             self._queue.put_nowait((topic, payload, response_topic, correlation))
         except queue.Full:
+            now = time.monotonic()
             with self._lock:
                 self._busy += 1
+                answer = now - self._busy_answered >= BUSY_ANSWER_EVERY_S  # a flood gets one answer a second
+                if answer:
+                    self._busy_answered = now
             log.warning("control: %d commands wait already; one on %s refused (busy)", QUEUE_MAX, topic)
+            if answer:  # unread (reading it is what is overloaded): no id to echo, the topic names the command
+                self._answer(None, None, None, ok=False, reason="busy",
+                             detail=f"{QUEUE_MAX} commands wait already; send it again later")  # fmt: skip
 
     def listening(self, on: bool) -> None:
         """Commands can arrive (the broker granted the subscriptions), or not (the connection is gone)."""
@@ -172,6 +191,7 @@ class Controller(Supervised, Hook):
     def stop(self, timeout: float) -> None:
         """Finish the command in progress (within `timeout`; a rollout's watch ends early), then end."""
         deadline = time.monotonic() + timeout
+        self.end_restarts()
         self._stopping.set()
         tap = self._tap
         if tap is not None:
@@ -194,6 +214,17 @@ class Controller(Supervised, Hook):
             self._handle(*item)
 
     def _handle(self, topic: str, payload: bytes, response_topic: str | None, correlation: bytes | None) -> None:
+        """One command message, whatever it holds: every failure is caught here, counted and answered, so no
+        message can end this thread."""
+        try:
+            self._admit_and_run(topic, payload, response_topic, correlation)
+        except Exception as exc:  # a bug meets an input nobody foresaw: answer it and take the next one
+            log.exception("control: a command on %s failed unexpectedly", topic)
+            self.gate.count_refusal(CommandError("internal", f"{type(exc).__name__}: {exc}"), topic)
+            self._answer(None, None, None, ok=False, reason="internal",
+                         detail=f"internal error: {type(exc).__name__}")  # fmt: skip
+
+    def _admit_and_run(self, topic: str, payload: bytes, response_topic: str | None, correlation: bytes | None) -> None:
         started = time.monotonic()
         try:
             command = self.gate.admit(

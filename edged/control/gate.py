@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +26,8 @@ from edged.control.commands import GROUP, Envelope, device_prefix, group_prefix
 from edged.control.names import CommandName
 from edged.control.settings import ControlConfig
 from edged.core.durable import read_json, write_atomic
-from edged.core.errors import CommandError
+from edged.core.errors import CommandError, InputError
+from edged.core.safejson import loads_object
 from edged.core.signing import load_public_key, verify
 
 log = logging.getLogger(__name__)
@@ -109,12 +111,10 @@ class CommandGate:
     def _check(self, topic: str, payload: bytes, now: float) -> Envelope:
         if len(payload) > self.cfg.max_bytes:
             raise CommandError("too_large", f"{len(payload)} bytes; commands are at most {self.cfg.max_bytes}")
-        try:
-            raw = json.loads(payload)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise CommandError("malformed", f"not JSON: {exc}") from None
-        if not isinstance(raw, dict):
-            raise CommandError("malformed", "a command is a JSON object")
+        try:  # bounded: size, depth, finite numbers, no NUL (core/safejson.py); never a RecursionError
+            raw = loads_object(payload, max_bytes=self.cfg.max_bytes, what="command")
+        except InputError as exc:
+            raise CommandError("malformed", f"{exc.reason}: {exc}") from None
         verify(raw, self.keys)  # unsigned / bad_signature
         try:
             env = Envelope.model_validate(raw)
@@ -123,7 +123,7 @@ class CommandGate:
             where = ".".join(str(p) for p in first["loc"])
             raise CommandError("malformed", f"{where}: {first['msg']}") from None
         self._check_route(topic, env)
-        if abs(now - env.ts) > self.cfg.max_age_s:
+        if not math.isfinite(env.ts) or abs(now - env.ts) > self.cfg.max_age_s:  # NaN would pass the window
             age = now - env.ts
             raise CommandError("stale", f"signed {age:.0f} s ago; the window is ±{self.cfg.max_age_s:g} s")
         self._check_nonce(env.nonce, env.ts, now)

@@ -47,10 +47,23 @@ class IngestError(EdgedError):
     """The ingest's database cannot be opened or written, or its broker refuses it."""
 
 
+class IngestDataError(IngestError):
+    """The ingest's database refused the data itself (a value out of its range): retrying cannot help."""
+
+
 class CommandError(EdgedError):
     """A remote command is refused: unsigned, wrongly signed, replayed, stale, too large or malformed."""
 
     def __init__(self, reason: str, message: str, detail: object = None) -> None:
         self.reason = reason  # a short key the counters use: "unsigned", "bad_signature", "replayed", ...
         self.detail = detail  # what the answer carries besides the message (a rollout's check report)
+        super().__init__(message)
+
+
+class InputError(EdgedError, ValueError):
+    """Bytes from outside (a message from the broker, a pushed config, a fetched file) that edged refuses to
+    read: too large, too deep, not JSON, a number out of range. `reason` is a short key counters use."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
         super().__init__(message)

@@ -69,7 +69,7 @@ def _run(opts: IngestOptions, db: Database) -> int:
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    ingest = Ingest(opts, db)
+    ingest = Ingest(opts, db, on_death=stop.set)
     try:
         ingest.start()
         log.info("ingest: writing to %s; SIGTERM or Ctrl-C stops", db.url)

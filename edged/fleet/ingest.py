@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,11 +28,11 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from edged.core.backoff import Backoff
-from edged.core.errors import IngestError
+from edged.core.errors import IngestDataError, IngestError
 from edged.core.secrets import read_secret
-from edged.core.streams import EVENTS, events_key
 from edged.core.threads import Supervised
-from edged.fleet.ingestdb import Database, GapRow, ResultRow, StatsRow
+from edged.fleet.ingestdb import QUARANTINE_KEEP_BYTES, Database, GapRow, QuarantineRow, ResultRow, StatsRow
+from edged.fleet.ingestparse import RefusedError, parse_gap, parse_results, parse_stats, topic_identity, wildcard_levels
 from edged.uplink.mqttclient import BrokerAccess, make_client
 
 log = logging.getLogger(__name__)
@@ -72,12 +73,46 @@ class IngestCounters:
     results: int = 0
     inserted: int = 0
     duplicates: int = 0
-    malformed: int = 0
+    malformed: int = 0  # quarantined, all reasons
+    quarantined: dict[str, int] = field(default_factory=dict)  # by reason
     stats: int = 0
     db_errors: int = 0
     connects: int = 0
     last_error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Parsed:
+    """What one message became: rows, stats, a gap, or a refusal (reason, detail) for the quarantine."""
+
+    item: _Item
+    device: str | None  # as its topic names it
+    rows: list[ResultRow] = field(default_factory=list)
+    stats: list[StatsRow] = field(default_factory=list)
+    gaps: list[GapRow] = field(default_factory=list)
+    refused: tuple[str, str] | None = None
+
+
+def _batch(
+    parsed: list[_Parsed], now: float
+) -> tuple[list[ResultRow], list[StatsRow], list[GapRow], list[QuarantineRow]]:
+    """The database write of some messages: their rows (one per key), stats, gaps and quarantined ones."""
+    rows: dict[tuple[str, str, int], ResultRow] = {}
+    stats: list[StatsRow] = []
+    gaps: list[GapRow] = []
+    quarantine: list[QuarantineRow] = []
+    for p in parsed:
+        if p.refused is not None:
+            payload = p.item.payload
+            quarantine.append(QuarantineRow(now, p.item.topic, p.device, p.refused[0], p.refused[1][:500],
+                                            len(payload), payload[:QUARANTINE_KEEP_BYTES]))  # fmt: skip
+            continue
+        for row in p.rows:
+            rows[(row.device, row.pipeline, row.seq)] = row  # the same result twice in one batch: once
+        stats += p.stats
+        gaps += p.gaps
+    return list(rows.values()), stats, gaps, quarantine
 
 
 @dataclass
@@ -89,63 +124,13 @@ class _Item:
     payload: bytes
 
 
-class MalformedError(ValueError):
-    """A message that is not a result (or stats) message: acknowledged, counted, skipped."""
-
-
-def parse_results(payload: bytes) -> list[ResultRow]:
-    """The result rows of one message (a JSON object, or an array with `mqtt.batch` > 1)."""
-    data = json.loads(payload)
-    single = not isinstance(data, list)
-    items = [data] if single else data
-    rows = []
-    for item in items:
-        if not isinstance(item, dict):
-            raise MalformedError("a result must be a JSON object")
-        device, pipeline, seq, ts = item.get("device"), item.get("pipeline"), item.get("seq"), item.get("ts")
-        if not isinstance(device, str) or not isinstance(pipeline, str):
-            raise MalformedError("device and pipeline must be strings")
-        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
-            raise MalformedError("seq must be a positive integer")
-        if not isinstance(ts, int | float) or isinstance(ts, bool):
-            raise MalformedError("ts must be a number")
-        body = payload.decode("utf-8") if single else json.dumps(item, separators=(",", ":"))  # as sent
-        if item.get("stream") == EVENTS:  # a pipeline's events have their own seq: keyed as the spool keys them
-            pipeline = events_key(pipeline)
-        rows.append(ResultRow(device, pipeline, seq, float(ts), body))
-    return rows
-
-
-def parse_gap(payload: bytes) -> GapRow:
-    """A gap message: a seq range of one stream that a device skipped after an unclean stop."""
-    data = json.loads(payload)
-    gap = data.get("gap") if isinstance(data, dict) else None
-    if (
-        not isinstance(gap, dict)
-        or not isinstance(data.get("device"), str)
-        or not isinstance(data.get("pipeline"), str)
-    ):
-        raise MalformedError("a gap message is a JSON object with a device, a pipeline and a gap")
-    first, last = gap.get("first"), gap.get("last")
-    if not isinstance(first, int) or not isinstance(last, int) or not 1 <= first <= last:
-        raise MalformedError("a gap's first and last must be seqs, first <= last")
-    pipeline = events_key(data["pipeline"]) if data.get("stream") == EVENTS else data["pipeline"]
-    return GapRow(data["device"], pipeline, first, last, payload.decode("utf-8"))
-
-
-def parse_stats(payload: bytes) -> StatsRow:
-    """A device's stats message."""
-    data = json.loads(payload)
-    if not isinstance(data, dict) or not isinstance(data.get("device"), str):
-        raise MalformedError("a stats message is a JSON object with a device")
-    return StatsRow(data["device"], float(data.get("ts") or time.time()), payload.decode("utf-8"))
-
-
 class Ingest:
     """One ingest process: a paho client and the database writer thread."""
 
-    def __init__(self, opts: IngestOptions, db: Database) -> None:
+    def __init__(self, opts: IngestOptions, db: Database, *, on_death: Callable[[], object] | None = None) -> None:
+        """`on_death()`: the writer died (`edged ingest` then stops, exit 1)."""
         self.opts = opts
+        self._on_writer_death = on_death
         self.db = db
         self.counters = IngestCounters()
         self._lock = threading.Lock()
@@ -155,12 +140,21 @@ class Ingest:
         self._stopping = threading.Event()
         self._password = read_secret(opts.password_file, "MQTT password file") if opts.password_file else None
         self.client = self._new_client()
+        # not restarted in-process: a death (a bug; every message's failure is caught in _parse) stops the ingest
+        # with exit 1, so that its supervisor restarts it and the broker sends again what was not acknowledged
         self.writer = Supervised("edged-ingest-db", target=self._write_loop, on_death=self._on_death)
 
     # -- the MQTT side ----------------------------------------------------------------------------------
 
     def _new_client(self) -> paho.Client:
         opts = self.opts
+        filters = {"--results-topic": (opts.results_topic, 2), "--events-topic": (opts.events_topic, 2),
+                   "--gaps-topic": (opts.gaps_topic, 2), "--stats-topic": (opts.stats_topic, 1)}  # fmt: skip
+        for name, (topic_filter, levels) in filters.items():
+            if wildcard_levels(topic_filter) < levels:
+                what = "the device and the pipeline" if levels == 2 else "the device"
+                raise IngestError(f"{name} {topic_filter}: name {what} with + levels (identity comes from the "
+                                  "topic the broker's ACLs guard, see docs/security.md)")  # fmt: skip
         mqtt5 = opts.protocol == "5"
         if not mqtt5 and opts.group:
             raise IngestError(
@@ -219,8 +213,16 @@ class Ingest:
             self._note_error(f"disconnected from {self.opts.host}:{self.opts.port}: {reason}")
 
     def _on_message(self, _c: paho.Client, _u: Any, msg: paho.MQTTMessage) -> None:
+        try:
+            topic = msg.topic
+        except UnicodeDecodeError:  # not one of our topics; acknowledged so it does not hold the window
+            with self._lock:
+                self.counters.malformed += 1
+            log.warning("ingest: a message on a topic that is not UTF-8 was dropped")
+            self.client.ack(msg.mid, msg.qos)
+            return
         # blocks paho's thread when the writer is behind: the broker's Receive Maximum bounds what waits
-        self._queue.put(_Item(self._generation, msg.mid, msg.qos, msg.topic, bytes(msg.payload)))
+        self._queue.put(_Item(self._generation, msg.mid, msg.qos, topic, bytes(msg.payload)))
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -269,6 +271,7 @@ class Ingest:
                 "inserted": c.inserted,
                 "duplicates": c.duplicates,
                 "malformed": c.malformed,
+                "quarantined": dict(c.quarantined),
                 "stats": c.stats,
                 "db_errors": c.db_errors,
                 "connects": c.connects,
@@ -319,45 +322,59 @@ class Ingest:
             if item is not None:
                 rest.append(item)
 
+    def _parse(self, item: _Item, now: float) -> _Parsed:
+        """One message as rows, stats or a gap; or refused, with why (never an exception: see ingestparse.py)."""
+        o = self.opts
+        kinds = (
+            ("stats", o.stats_topic),
+            ("gaps", o.gaps_topic),
+            ("results", o.results_topic),
+            ("results", o.events_topic),
+        )
+        kind, topic_filter = next(((k, f) for k, f in kinds if paho.topic_matches_sub(f, item.topic)), kinds[2])
+        sender = topic_identity(topic_filter, item.topic)
+        try:
+            if kind == "stats":
+                return _Parsed(item, sender.device, stats=[parse_stats(item.payload, sender, now)])
+            if kind == "gaps":
+                return _Parsed(item, sender.device, gaps=[parse_gap(item.payload, sender)])
+            return _Parsed(item, sender.device, rows=parse_results(item.payload, sender))
+        except RefusedError as exc:
+            return _Parsed(item, sender.device, refused=(exc.reason, str(exc)))
+        except Exception as exc:  # a case the checks missed: refused all the same, never a dead writer
+            log.exception("ingest: unexpected error reading a message on %s", item.topic)
+            return _Parsed(item, sender.device, refused=("internal", f"{type(exc).__name__}: {exc}"))
+
     def _write(self, items: list[_Item], backoff: Backoff) -> None:
-        rows: dict[tuple[str, str, int], ResultRow] = {}
-        stats: list[StatsRow] = []
-        gaps: list[GapRow] = []
-        malformed = results = 0
-        for item in items:
-            try:
-                if paho.topic_matches_sub(self.opts.stats_topic, item.topic):
-                    stats.append(parse_stats(item.payload))
-                    continue
-                if paho.topic_matches_sub(self.opts.gaps_topic, item.topic):
-                    gaps.append(parse_gap(item.payload))
-                    continue
-                parsed = parse_results(item.payload)
-            except (ValueError, UnicodeDecodeError) as exc:
-                malformed += 1
-                log.warning("ingest: a message on %s is not a result (%s); acknowledged and skipped", item.topic, exc)
-                continue
-            results += len(parsed)
-            for row in parsed:
-                rows[(row.device, row.pipeline, row.seq)] = row  # the same result twice in one batch: once
-        inserted = self._commit(list(rows.values()), stats, gaps, backoff)
-        if inserted is None:
+        now = time.time()
+        parsed = [self._parse(item, now) for item in items]
+        done = self._commit(parsed, now, backoff)
+        if done is None:
             return  # stopping while the database is away: nothing acknowledged, the broker sends them again
+        inserted, refused = done
         self._ack(items)
+        results = sum(len(p.rows) for p in parsed if p.refused is None)
         with self._lock:
             c = self.counters
-            c.messages += len(items) - len(stats) - len(gaps)
+            c.messages += sum(1 for p in parsed if not p.stats and not p.gaps)
             c.results += results
             c.inserted += inserted
             c.duplicates += results - inserted
-            c.malformed += malformed
-            c.stats += len(stats)
+            c.malformed += len(refused)
+            c.stats += sum(len(p.stats) for p in parsed if p.refused is None)
+            for p in refused:
+                reason = p.refused[0] if p.refused else "?"
+                c.quarantined[reason] = c.quarantined.get(reason, 0) + 1
+        for p in refused:
+            log.warning("ingest: a message on %s quarantined (%s): %s", p.item.topic[:200], *(p.refused or ("?", "")))
 
-    def _commit(self, rows: list[ResultRow], stats: list[StatsRow], gaps: list[GapRow], backoff: Backoff) -> int | None:
-        """Write until it works (the database restarts: retry with backoff); None if asked to stop first."""
+    def _commit(self, parsed: list[_Parsed], now: float, backoff: Backoff) -> tuple[int, list[_Parsed]] | None:
+        """Write the batch until it works (the database restarts: retry with backoff); (rows inserted, the
+        messages quarantined), or None if asked to stop first. A batch the database refuses for its data is
+        written message by message, and a message it refuses alone is quarantined."""
         while True:
             try:
-                inserted = self.db.write(rows, stats, gaps)
+                inserted = self._write_isolating(parsed, now)
             except IngestError as exc:
                 with self._lock:
                     self.counters.db_errors += 1
@@ -366,7 +383,23 @@ class Ingest:
                     return None
                 continue
             backoff.reset()
-            return inserted
+            return inserted, [p for p in parsed if p.refused is not None]
+
+    def _write_isolating(self, parsed: list[_Parsed], now: float) -> int:
+        try:
+            return self.db.write(*_batch(parsed, now))
+        except IngestDataError as exc:
+            log.warning("ingest: the database refused a batch (%s); writing it message by message", exc)
+        inserted = 0
+        for p in parsed:
+            if p.refused is not None:
+                continue
+            try:
+                inserted += self.db.write(*_batch([p], now))
+            except IngestDataError as exc:
+                p.refused = ("db_refused", str(exc))
+        self.db.write(*_batch([p for p in parsed if p.refused is not None], now))
+        return inserted
 
     def _ack(self, items: list[_Item]) -> None:
         with self._lock:
@@ -383,3 +416,5 @@ class Ingest:
 
     def _on_death(self, why: str) -> None:
         self._note_error(f"the database writer died: {why}")
+        if self._on_writer_death is not None:
+            self._on_writer_death()

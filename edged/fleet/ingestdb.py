@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from edged.core.errors import IngestError
+from edged.core.errors import IngestDataError, IngestError
 
 
 class ResultRow(NamedTuple):
@@ -62,6 +62,21 @@ class GapRow(NamedTuple):
     body: str  # the gap message, JSON
 
 
+class QuarantineRow(NamedTuple):
+    """A message the ingest refused to land: kept with why, for an operator to look at (never retried)."""
+
+    received: float  # when it arrived (epoch s)
+    topic: str
+    device: str | None  # the device its topic names (None where the topic names none)
+    reason: str  # a short key: too_deep, not_json, out_of_range, identity_mismatch, db_refused, ...
+    detail: str  # what was wrong, one line
+    size: int  # the message's length in bytes
+    payload: bytes  # its first QUARANTINE_KEEP_BYTES bytes, as they came
+
+
+QUARANTINE_KEEP_BYTES = 65_536  # of each refused message (its length is kept whole in `size`)
+
+
 class Gap(NamedTuple):
     """Seqs `first`..`last` of one stream are missing."""
 
@@ -78,7 +93,10 @@ SCHEMA = (
     "body {json} NOT NULL)",
     "CREATE TABLE IF NOT EXISTS declared_gaps (device TEXT NOT NULL, pipeline TEXT NOT NULL, first BIGINT NOT NULL, "
     "last BIGINT NOT NULL, body {json} NOT NULL, PRIMARY KEY (device, pipeline, first, last))",
+    "CREATE TABLE IF NOT EXISTS quarantine (received DOUBLE PRECISION NOT NULL, topic TEXT NOT NULL, device TEXT, "
+    "reason TEXT NOT NULL, detail TEXT NOT NULL, size BIGINT NOT NULL, payload {blob} NOT NULL)",
 )
+QUARANTINED = "SELECT COALESCE(device, ''), reason, COUNT(*) FROM quarantine GROUP BY 1, 2 ORDER BY 1, 2"
 DECLARED = "SELECT device, pipeline, first, last FROM declared_gaps ORDER BY 1, 2, 3"
 STREAMS = "SELECT device, pipeline, MIN(seq), MAX(seq), COUNT(*) FROM results GROUP BY device, pipeline ORDER BY 1, 2"
 # every missing range, from the rows themselves (the report is computed, never a counter that can drift)
@@ -94,9 +112,19 @@ class Database(Protocol):
 
     url: str
 
-    def write(self, rows: list[ResultRow], stats: list[StatsRow], gaps: list[GapRow] | None = None) -> int:
-        """Insert the rows and declared gaps (existing keys ignored) and upsert the stats in one transaction;
-        rows inserted."""
+    def write(
+        self,
+        rows: list[ResultRow],
+        stats: list[StatsRow],
+        gaps: list[GapRow] | None = None,
+        quarantine: list[QuarantineRow] | None = None,
+    ) -> int:
+        """Insert the rows, declared gaps (existing keys ignored) and quarantined messages and upsert the stats in
+        one transaction; rows inserted. IngestDataError when the database refuses the data itself (retrying the
+        same batch cannot help), IngestError when it is away."""
+
+    def quarantined(self) -> dict[str, dict[str, int]]:
+        """Quarantined messages per device ('' for a topic that names none), by reason."""
 
     def streams(self) -> list[Stream]:
         """Per (device, pipeline): first and last seq, rows held."""
@@ -117,6 +145,13 @@ class Database(Protocol):
         """Close the connection."""
 
 
+def _quarantine_dict(rows: list[tuple[Any, ...]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for device, reason, count in rows:
+        out.setdefault(str(device), {})[str(reason)] = int(count)
+    return out
+
+
 def _stats_dict(rows: list[tuple[str, Any]]) -> dict[str, dict[str, Any]]:
     out = {}
     for device, body in rows:
@@ -135,11 +170,17 @@ class SqliteDatabase:
             self.conn.execute("PRAGMA synchronous=FULL")
             self.conn.execute("PRAGMA busy_timeout=10000")
             for statement in SCHEMA:
-                self.conn.execute(statement.format(json="TEXT"))
+                self.conn.execute(statement.format(json="TEXT", blob="BLOB"))
         except sqlite3.Error as exc:
             raise IngestError(f"cannot open {path}: {exc}") from exc
 
-    def write(self, rows: list[ResultRow], stats: list[StatsRow], gaps: list[GapRow] | None = None) -> int:
+    def write(
+        self,
+        rows: list[ResultRow],
+        stats: list[StatsRow],
+        gaps: list[GapRow] | None = None,
+        quarantine: list[QuarantineRow] | None = None,
+    ) -> int:
         conn = self.conn
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -147,17 +188,22 @@ class SqliteDatabase:
             conn.executemany("INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?)", rows)
             inserted = conn.total_changes - before
             conn.executemany("INSERT OR IGNORE INTO declared_gaps VALUES (?, ?, ?, ?, ?)", gaps or [])
+            conn.executemany("INSERT INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?)", quarantine or [])
             conn.executemany(
                 "INSERT INTO device_stats VALUES (?, ?, ?) ON CONFLICT (device) DO UPDATE "
                 "SET ts = excluded.ts, body = excluded.body WHERE excluded.ts >= device_stats.ts",
                 stats,
             )
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OverflowError, ValueError) as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            raise IngestError(f"{self.url}: {exc}") from exc
+            data = isinstance(exc, OverflowError | ValueError | sqlite3.DataError | sqlite3.IntegrityError)
+            raise (IngestDataError if data else IngestError)(f"{self.url}: {exc}") from exc
         return inserted
+
+    def quarantined(self) -> dict[str, dict[str, int]]:
+        return _quarantine_dict(self.conn.execute(QUARANTINED).fetchall())
 
     def streams(self) -> list[Stream]:
         return [Stream(*row) for row in self.conn.execute(STREAMS)]
@@ -192,6 +238,7 @@ class PostgresDatabase:
         "SELECT device, pipeline, seq, ts, body::jsonb FROM incoming ON CONFLICT DO NOTHING"
     )
     INSERT_GAP = "INSERT INTO declared_gaps VALUES (%s, %s, %s, %s, %s::jsonb) ON CONFLICT DO NOTHING"
+    INSERT_QUARANTINE = "INSERT INTO quarantine VALUES (%s, %s, %s, %s, %s, %s, %s)"
     UPSERT_STATS = (
         "INSERT INTO device_stats VALUES (%s, %s, %s::jsonb) ON CONFLICT (device) DO UPDATE "
         "SET ts = excluded.ts, body = excluded.body WHERE excluded.ts >= device_stats.ts"
@@ -213,13 +260,19 @@ class PostgresDatabase:
             self.conn = psycopg.connect(self.url, connect_timeout=10)
             with self.conn.transaction():
                 for statement in SCHEMA:
-                    self.conn.execute(statement.format(json="JSONB"))
+                    self.conn.execute(statement.format(json="JSONB", blob="BYTEA"))
                 self.conn.execute(self.INCOMING)
         except psycopg.Error as exc:
             self.conn = None
             raise IngestError(f"cannot open the PostgreSQL database: {_safe(exc)}") from exc
 
-    def write(self, rows: list[ResultRow], stats: list[StatsRow], gaps: list[GapRow] | None = None) -> int:
+    def write(
+        self,
+        rows: list[ResultRow],
+        stats: list[StatsRow],
+        gaps: list[GapRow] | None = None,
+        quarantine: list[QuarantineRow] | None = None,
+    ) -> int:
         psycopg = self._psycopg
         try:
             if self.conn is None or self.conn.closed:
@@ -236,10 +289,19 @@ class PostgresDatabase:
                     self.conn.execute(self.UPSERT_STATS, stat)
                 for gap in gaps or []:
                     self.conn.execute(self.INSERT_GAP, gap)
+                for refused in quarantine or []:
+                    self.conn.execute(self.INSERT_QUARANTINE, refused)
+        except (psycopg.DataError, psycopg.IntegrityError, OverflowError, ValueError) as exc:
+            # the server refused the data (a NUL in jsonb, a number out of range): the connection is fine, and
+            # the same batch would be refused again; the ingest isolates the message and quarantines it
+            raise IngestDataError(f"PostgreSQL refused the data: {_safe(exc)}") from exc
         except psycopg.Error as exc:
             self._drop_connection()
             raise IngestError(f"PostgreSQL: {_safe(exc)}") from exc
         return int(inserted)
+
+    def quarantined(self) -> dict[str, dict[str, int]]:
+        return _quarantine_dict(self._query(QUARANTINED))
 
     def _drop_connection(self) -> None:
         if self.conn is not None:

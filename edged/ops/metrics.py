@@ -28,7 +28,7 @@ from edged import __version__
 from edged.config import MetricsConfig
 from edged.core.errors import EdgedError
 from edged.core.histogram import Histogram
-from edged.core.threads import Supervised
+from edged.core.threads import Restart, Supervised
 from edged.core.waker import Waker
 from edged.ops.status import accept_until_halted
 
@@ -226,7 +226,7 @@ class MetricsServer(Supervised):
     """`/metrics` on `listen`; bound when made (a port in use fails the start, with the reason)."""
 
     def __init__(self, listen: str, registry: CollectorRegistry) -> None:
-        super().__init__("edged-metrics")
+        super().__init__("edged-metrics", restart=Restart())  # the socket outlives the body
         host, port = parse_listen(listen)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
@@ -256,6 +256,7 @@ class MetricsServer(Supervised):
 
     def stop(self, timeout: float = 5.0) -> None:
         """End the thread and close the socket."""
+        self.end_restarts()
         self._halt.set()
         self._wake.poke()
         if self.ident is not None:
@@ -273,7 +274,7 @@ class TextfileWriter(Supervised):
     and an fsync every few seconds would wear the flash for nothing."""
 
     def __init__(self, path: Path, registry: CollectorRegistry, interval_s: float) -> None:
-        super().__init__("edged-metrics-textfile")
+        super().__init__("edged-metrics-textfile", restart=Restart())
         self.path = path
         self.registry = registry
         self.interval_s = interval_s
@@ -295,6 +296,7 @@ class TextfileWriter(Supervised):
 
     def stop(self, timeout: float = 5.0) -> None:
         """The last write, then end."""
+        self.end_restarts()
         self._halt.set()
         if self.ident is not None:
             self.join(timeout)

@@ -156,6 +156,21 @@ CATALOG: tuple[Reason, ...] = (
         "Restart edged; please report it with the log.",
     ),
     Reason(
+        "thread",
+        r"thread \S+ restart(ing|ed) after: .+",
+        "thread edged-control restarted after: RecursionError: maximum recursion depth exceeded",
+        "A thread that heals (remote control, reload, status, metrics) ended on an error edged did not expect and "
+        "was started again; the line stays for a minute of clean running.",
+        "Nothing to do if it clears; if it comes back, please report it with the log (`journalctl -u edged`).",
+    ),
+    Reason(
+        "thread",
+        r"thread \S+ in a crash loop: \d+ deaths in \d+ min; last: .+",
+        "thread edged-control in a crash loop: 3 deaths in 5 min; last: RuntimeError: ...",
+        "A thread keeps ending on the same error; it is tried again less and less often (at most once a minute).",
+        "Read the log for the error; restart edged after fixing its cause, and please report it.",
+    ),
+    Reason(
         "broker",
         r"broker not connected",
         "broker not connected",
@@ -313,8 +328,9 @@ def pipeline_reasons(runners: Sequence[PipelineRunner]) -> list[str]:
 
 
 def thread_reasons(threads: Iterable[Supervised | None]) -> list[str]:
-    """The daemon's own threads live as long as it runs: one that ended died, with or without a cause."""
-    return [t.died() or f"thread {t.name} died" for t in threads if t is not None and t.ident and not t.is_alive()]
+    """The daemon's own threads live as long as it runs: one that ended died, with or without a cause; one that
+    heals is named while it restarts and until it has run cleanly for a while (core/threads.py)."""
+    return [why for t in threads if t is not None and (why := t.trouble()) is not None]
 
 
 def broker_reasons(mqtt: MqttStats) -> list[str]:

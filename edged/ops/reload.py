@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from edged.config import Config, load_config
 from edged.core.errors import ConfigError
-from edged.core.threads import Supervised
+from edged.core.threads import Restart, Supervised
 from edged.ops.systemd import notify
 from edged.pipeline.runner import PipelineRunner
 
@@ -43,7 +43,7 @@ class Reloader(Supervised):
     """Applies reloads and model swaps one at a time, through the pipeline runners."""
 
     def __init__(self, target: Reloadable, config_path: Path | None, poll_s: float = MODEL_POLL_S) -> None:
-        super().__init__("edged-reload")
+        super().__init__("edged-reload", restart=Restart())  # its state is the object's: safe to run again
         self.target = target
         self.config_path = config_path
         self.poll_s = poll_s
@@ -74,6 +74,7 @@ class Reloader(Supervised):
 
     def stop(self, timeout: float = 60.0) -> None:
         """Finish the swap in progress (within `timeout`), then end."""
+        self.end_restarts()
         self._halt.set()
         self._wake.set()
         if self.is_alive():

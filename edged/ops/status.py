@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from edged.core.errors import StatusError
-from edged.core.threads import Supervised
+from edged.core.threads import Restart, Supervised
 from edged.core.waker import Waker
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class StatusServer(Supervised):
     """Answers every connection on a Unix socket with one JSON snapshot, then closes it."""
 
     def __init__(self, path: Path, snapshot: Callable[[], dict[str, Any]], mode: int = 0o660) -> None:
-        super().__init__("edged-status")
+        super().__init__("edged-status", restart=Restart())  # the socket outlives the body
         self.path = path
         self.snapshot = snapshot
         self._halt = threading.Event()
@@ -120,6 +120,7 @@ class StatusServer(Supervised):
 
     def stop(self) -> None:
         """Stop serving and remove the socket file."""
+        self.end_restarts()
         self._halt.set()
         self._wake.poke()
         if self.is_alive():

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from edged.core.durable import read_json, write_atomic
-from edged.core.threads import Supervised
+from edged.core.threads import DeathHook, Supervised
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +141,9 @@ class SeqAllocator:
             self._extend({pipeline})
             tried = True
 
-    def start(self) -> None:
+    def start(self, on_death: DeathHook | None = None) -> None:
         """Renew leases ahead on a thread of their own from now on (`close` stops it)."""
-        self.renewer = Supervised("edged-seq-lease", target=self._renew_loop)
+        self.renewer = Supervised("edged-seq-lease", target=self._renew_loop, on_death=on_death)
         self.renewer.start()
 
     def _renew_loop(self) -> None:

@@ -37,7 +37,7 @@ from typing import Any
 
 from edged.core.errors import SpoolError
 from edged.core.recent import Recent
-from edged.core.threads import Supervised
+from edged.core.threads import DeathHook, Supervised
 from edged.store import recovery, spooldb
 from edged.store.batchwrite import write_batch
 from edged.store.diskspace import Ballast, free_bytes
@@ -160,11 +160,12 @@ class Spool:
 
     # -- producers -------------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the writer thread."""
-        self.writer = Supervised("edged-spool-writer", target=self._write_loop)
+    def start(self, on_death: DeathHook | None = None) -> None:
+        """Start the writer thread (and the seq lease's). `on_death(why)`: either of them died (the daemon
+        exits for systemd to restart it: their state is not safe to resume in-process, the file is)."""
+        self.writer = Supervised("edged-spool-writer", target=self._write_loop, on_death=on_death)
         self.writer.start()
-        self.seqs.start()
+        self.seqs.start(on_death)
         if self.check is not None:
             self.check.start()
 

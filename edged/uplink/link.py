@@ -142,7 +142,10 @@ class Link:
 
     def _on_message(self, msg: paho.MQTTMessage) -> None:
         for hook in self.ears.hooks:
-            hook.message(msg)
+            try:  # paho's network thread carries every result: no message, however made, may end it
+                hook.message(msg)
+            except Exception:  # noqa: PERF203  (one hook's failure must not cost the others their message)
+                log.exception("mqtt: a hook failed on an incoming message; the message is dropped")
 
     def _on_publish(self, mid: int, reason: Any) -> None:
         if self.ears.window.acked(mid, reason):

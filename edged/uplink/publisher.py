@@ -27,7 +27,7 @@ import paho.mqtt.client as paho
 from edged.core.osthread import name_os_thread
 from edged.core.secrets import check_private
 from edged.core.stats import MqttStats
-from edged.core.threads import Supervised
+from edged.core.threads import DeathHook, Supervised
 from edged.store.spool import Spool
 from edged.uplink.link import Link, Listeners, note_error
 from edged.uplink.mqttclient import CONNECT_TIMEOUT_S, PackedProperties, load_password, new_client, topic_for
@@ -58,8 +58,10 @@ def stop_network_thread(client: paho.Client, thread: threading.Thread | None, ti
 class Publisher(Supervised):
     """Publishes spooled rows with a bounded number in flight; reconnects with backoff and jitter."""
 
-    def __init__(self, cfg: MqttConfig, device_id: str, spool: Spool, stats: MqttStats) -> None:
-        super().__init__("edged-mqtt")
+    def __init__(
+        self, cfg: MqttConfig, device_id: str, spool: Spool, stats: MqttStats, *, on_death: DeathHook | None = None
+    ) -> None:
+        super().__init__("edged-mqtt", on_death=on_death)
         self.cfg = cfg
         self.device_id = device_id
         self.spool = spool
