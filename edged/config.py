@@ -260,6 +260,8 @@ def _format_error(err: Any, data: dict[str, Any], lines: dict[tuple[str | int, .
     line = _line_for(tuple(path), lines)
     key = _dotted(path) or "config"
     value = _show(current) if resolved else "<missing>"
+    if err["type"] == "extra_forbidden":  # a password pasted under the wrong name must not reach logs or replies
+        value = "<not shown>"
     message = _message(err)
     return f"{source}:{line} {key}={value}: {message}"
 

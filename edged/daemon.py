@@ -14,7 +14,7 @@ from types import FrameType
 from typing import Any
 
 from edged import __version__
-from edged.config import Config, load_config
+from edged.config import Config
 from edged.control.controller import Controller
 from edged.core.durable import make_dirs
 from edged.core.errors import EdgedError
@@ -22,6 +22,7 @@ from edged.core.stats import MqttStats
 from edged.core.waker import Waker
 from edged.model import engines
 from edged.model.session import CPU, TENSORRT, select_providers, share_cores, usable_cores
+from edged.ops.checkconfig import check_config
 from edged.ops.health import Report
 from edged.ops.metrics import MetricsServer, TextfileWriter, start_metrics
 from edged.ops.reload import Reloader
@@ -86,8 +87,9 @@ class ControlPort:
         return self.candidate_check
 
     def check_config(self, path: Path) -> object:
-        """Load a config file as check-config does (ConfigError with every problem when it is not valid)."""
-        return load_config(path)
+        """Check a config file exactly as check-config does (schema, paths, each pipeline's model dry run), with
+        the daemon's own rights to write the paths it names; ConfigError with every problem."""
+        return check_config(path, as_daemon=True)
 
     def frame_tap(self, pipeline: str | None) -> tuple[str, FrameTap]:
         """A pipeline's frame tap (the first pipeline's for None)."""

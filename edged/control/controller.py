@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from edged import __version__
 from edged.control.gate import Command, CommandGate
 from edged.control.modelfetch import MQTT_PREFIX, ChunkCollector, write_chunks
-from edged.control.remoteconfig import apply_remote_config
+from edged.control.remoteconfig import apply_remote_config, restore_config
 from edged.control.rollout import Rollout, RolloutTarget
 from edged.control.rolloutspec import ModelArgs
 from edged.control.settings import ControlConfig
@@ -372,8 +372,17 @@ class Controller(Supervised, Hook):
         path = self.target.config_file()
         if path is None:
             raise CommandError("failed", "this daemon was not started from a config file")
-        apply_remote_config(path, args.config, replace=args.replace, check=self.target.check_config)
+        previous = apply_remote_config(path, args.config, replace=args.replace, check=self.target.check_config)
         result = self.target.reload_and_wait(RELOAD_WAIT_S)
+        if result.get("result") in ("rejected", "failed"):  # the file passed the check but does not run here
+            restore_config(path, previous)
+            again = self.target.reload_and_wait(RELOAD_WAIT_S)  # what a partial apply changed goes back too
+            raise CommandError(
+                "rolled_back",
+                f"the new config did not reload ({'; '.join(map(str, result.get('notes') or []))}); the previous "
+                "file is back",
+                detail={"reload": result, "after_rollback": again},
+            )
         return result.get("result") == "applied", result
 
     def _record(self, args: RecordArgs) -> tuple[bool, Any]:

@@ -11,24 +11,28 @@ with that hash is used again without a download.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import ssl
 import tempfile
 import threading
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from http.client import HTTPMessage
 from pathlib import Path
 from typing import IO
 
 from edged.core.durable import commit, make_dirs
 from edged.core.errors import CommandError
+from edged.core.safejson import loads_object
 
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 16
+READ_TIMEOUT_S = 10.0  # one read waits at most this long (the whole download: control.download_timeout_s)
 MQTT_PREFIX = "edged/fleet/models"
 
 
@@ -65,27 +69,51 @@ def _write_verified(folder: Path, sha256: str, max_bytes: int, fill: Callable[[I
         tmp.unlink(missing_ok=True)
 
 
+class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow a redirect only to http(s): urllib's own also follows one to ftp:// (or to whatever a handler
+    takes), which a model server has no business sending the device to."""
+
+    def redirect_request(  # noqa: PLR0917  (urllib's signature)
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: HTTPMessage,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        if urllib.parse.urlsplit(newurl).scheme not in ("http", "https"):
+            raise CommandError("download_failed", f"redirected to {newurl[:60]!r}: only http(s) is followed")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 def fetch_url(url: str, folder: Path, sha256: str, *, max_bytes: int, timeout: float,
               ca_file: Path | None = None) -> Path:  # fmt: skip
-    """Download over http(s); CommandError `download_failed`, `too_large` or `hash_mismatch`."""
+    """Download over http(s) within `timeout` seconds in all (not per read: a server that drips a byte now
+    and then cannot hold the rollout, and every other command behind it, for longer); CommandError
+    `download_failed`, `too_large` or `hash_mismatch`."""
     existing = model_path(folder, sha256)
     if existing.is_file() and file_sha256(existing) == sha256:
         return existing
     if not url.startswith(("http://", "https://")):
         raise CommandError("malformed", f"the model URL must be http:// or https://, not {url[:40]!r}")
     context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), _HttpOnlyRedirects())
+    deadline = time.monotonic() + timeout
 
     def fill(out: IO[bytes], limit: int) -> None:
         try:
-            with urllib.request.urlopen(url, timeout=timeout, context=context) as response:  # noqa: S310 (scheme checked)
+            with opener.open(url, timeout=min(timeout, READ_TIMEOUT_S)) as response:
                 length = response.headers.get("Content-Length")
-                if length is not None and int(length) > limit:
-                    raise CommandError("too_large", f"the model is {int(length)} bytes; the limit is {limit}")
+                if length is not None and (not length.isdigit() or len(length) > 15 or int(length) > limit):
+                    raise CommandError("too_large", f"the model is {length[:20]} bytes; the limit is {limit}")
                 total = 0
-                while block := response.read(CHUNK):
+                while block := response.read1(CHUNK):  # what has come: a dripping server is seen between reads
                     total += len(block)
                     if total > limit:
                         raise CommandError("too_large", f"the model is over the limit of {limit} bytes")
+                    if time.monotonic() > deadline:
+                        raise CommandError("download_failed", f"{url}: not downloaded within {timeout:g} s")
                     out.write(block)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise CommandError("download_failed", f"{url}: {exc}") from exc
@@ -113,11 +141,11 @@ class ChunkCollector:
         with self.lock:
             if last == "manifest":
                 try:
-                    manifest = json.loads(payload)
+                    manifest = loads_object(payload, max_bytes=4096, what="model manifest")
                     self.count, self.size = int(manifest["chunks"]), int(manifest["size"])
                 except (ValueError, KeyError, TypeError):
                     self.error = "the model's manifest is not {chunks, size} JSON"
-            elif last.isdigit() and int(last) not in self.chunks:
+            elif last.isdigit() and len(last) <= 9 and int(last) not in self.chunks:
                 self.total += len(payload)
                 if self.total > self.max_bytes:  # memory stays bounded whatever arrives
                     self.error = f"the model is over the limit of {self.max_bytes} bytes"

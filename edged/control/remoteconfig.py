@@ -65,12 +65,22 @@ def _load(text: str) -> tuple[Any, YAML]:
 ConfigCheck = Callable[[Path], object]  # loads a config file as check-config does; ConfigError when it is not valid
 
 
-def apply_remote_config(path: Path, patch: dict[str, Any], *, replace: bool, check: ConfigCheck) -> None:
-    """Validate with `check` (the daemon hands in the check-config loader) and write; CommandError
-    `invalid_config` (with every problem) or `failed`."""
+def restore_config(path: Path, previous: bytes) -> None:
+    """Put the file back as it was before a remote config that did not reload (atomically, durably)."""
     try:
-        current, rt = _load(path.read_text(encoding="utf-8"))
-    except (OSError, YAMLError) as exc:
+        write_atomic(path, previous, mode=path.stat().st_mode & 0o777)
+    except OSError as exc:
+        raise CommandError("failed", f"cannot put {path} back: {exc.strerror or exc}") from exc
+
+
+def apply_remote_config(path: Path, patch: dict[str, Any], *, replace: bool, check: ConfigCheck) -> bytes:
+    """Validate with `check` (the daemon hands in the check-config path: schema, paths, models) and write;
+    the file's previous bytes (to restore it if the reload fails). CommandError `invalid_config` (with every
+    problem) or `failed`."""
+    try:
+        before = path.read_bytes()
+        current, rt = _load(before.decode("utf-8"))
+    except (OSError, YAMLError, UnicodeDecodeError) as exc:
         raise CommandError("failed", f"cannot read {path}: {exc}") from exc
     new = patch if replace else merge(current or {}, patch)
     buffer = io.StringIO()
@@ -96,9 +106,10 @@ def apply_remote_config(path: Path, patch: dict[str, Any], *, replace: bool, che
         tmp.chmod(mode)
         # both durably (fsync, rename, folder fsync): after a power cut the file is the old config or the
         # new one, whole, and `.prev` is the one before it, never a torn mix a restart would refuse
-        write_atomic(path.with_name(path.name + ".prev"), path.read_bytes(), mode=mode)
+        write_atomic(path.with_name(path.name + ".prev"), before, mode=mode)
         commit(tmp, path)
     except OSError as exc:
         raise CommandError("failed", f"cannot write {path}: {exc.strerror or exc}") from exc
     finally:
         tmp.unlink(missing_ok=True)
+    return before

@@ -5,7 +5,8 @@ and matched against what each device said: the gaps it declared after an unclean
 seq there was delivered before the stop, lost with it, or never used: *uncertain*), and its last stats
 message: the spool counts what it dropped, by reason (`expired`, `full_evicted_oldest`, ...), and what it
 set aside as dead letters. Missing seqs the device accounts for are *explained*; any beyond that were
-lost between the device and the database, and the report says so (exit 1).
+lost between the device and the database, and the report says so (exit 1). Messages the ingest quarantined
+(ingestparse.py) are counted per device their topic names.
 """
 
 from __future__ import annotations
@@ -51,12 +52,20 @@ def _stream_entry(stream: Stream, gaps: list[Gap], declared: list[Gap]) -> dict[
     }
 
 
+def _count(value: object) -> int:
+    """A count a device reported (its stats message is its word: anything but a sane count is 0)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63 else 0
+
+
 def _device_accounting(stats: dict[str, Any] | None) -> dict[str, Any]:
     if stats is None:
         return {"stats_ts": None, "dropped_by_reason": {}, "dead_letters": 0, "accounted": 0}
-    spool = stats.get("spool") or {}
-    reasons = {str(k): int(v) for k, v in (spool.get("dropped_by_reason") or {}).items() if int(v)}
-    dead = int(spool.get("dead_letters") or 0)
+    spool = stats.get("spool")
+    spool = spool if isinstance(spool, dict) else {}
+    by_reason = spool.get("dropped_by_reason")
+    by_reason = by_reason if isinstance(by_reason, dict) else {}
+    reasons = {str(k)[:64]: _count(v) for k, v in by_reason.items() if _count(v)}
+    dead = _count(spool.get("dead_letters"))
     return {"stats_ts": stats.get("ts"), "dropped_by_reason": reasons, "dead_letters": dead,
             "accounted": sum(reasons.values()) + dead}  # fmt: skip
 
@@ -70,23 +79,26 @@ def build_report(db: Database) -> dict[str, Any]:
     for gap in db.declared():
         declared.setdefault((gap.device, gap.pipeline), []).append(gap)
     stats = db.device_stats()
+    quarantined = db.quarantined()
     devices: dict[str, dict[str, Any]] = {}
     for stream in db.streams():
         entry = devices.setdefault(stream.device, {"device": stream.device, "pipelines": []})
         key = (stream.device, stream.pipeline)
         entry["pipelines"].append(_stream_entry(stream, gaps_by_stream.get(key, []), declared.get(key, [])))
-    for device in sorted(set(stats) - set(devices)):
-        devices[device] = {"device": device, "pipelines": []}  # stats seen, no result yet
+    for device in sorted((set(stats) | set(quarantined)) - set(devices) - {""}):
+        devices[device] = {"device": device, "pipelines": []}  # stats or refused messages seen, no result yet
     total_unexplained = 0
     for device, entry in devices.items():
         accounting = _device_accounting(stats.get(device))
         missing = sum(p["missing"] for p in entry["pipelines"])
         uncertain = sum(p["uncertain"] for p in entry["pipelines"])
         unexplained = max(0, missing - uncertain - accounting["accounted"])
-        entry |= {"missing": missing, "uncertain": uncertain, "unexplained": unexplained, **accounting}
+        entry |= {"missing": missing, "uncertain": uncertain, "unexplained": unexplained, **accounting,
+                  "quarantined": quarantined.get(device, {})}  # fmt: skip
         total_unexplained += unexplained
     rows = sum(p["results"] for e in devices.values() for p in e["pipelines"])
-    return {"database": db.url, "devices": list(devices.values()), "results": rows, "unexplained": total_unexplained}
+    return {"database": db.url, "devices": list(devices.values()), "results": rows, "unexplained": total_unexplained,
+            "quarantined": {device or "(no device in the topic)": n for device, n in quarantined.items()}}  # fmt: skip
 
 
 def _why(entry: dict[str, Any]) -> str:
@@ -111,6 +123,9 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     console.print(f"{report['results']} results in {report['database']}")
     for entry in report["devices"]:
         console.print(Text.assemble((entry["device"], "bold"), f": {_why(entry)}"))
+        if entry["quarantined"]:
+            refused = ", ".join(f"{n} {reason}" for reason, n in sorted(entry["quarantined"].items()))
+            console.print(f"  quarantined messages on its topics: {refused}")
         for p in entry["pipelines"]:
             seq = f"seq {p['first_seq']}..{p['last_seq']}" if p["results"] else "no results"
             console.print(f"  {p['pipeline']}  results {p['results']}  {seq}  missing {p['missing']}")

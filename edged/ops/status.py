@@ -8,13 +8,15 @@ import logging
 import os
 import selectors
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from edged.core.errors import StatusError
+from edged.core import safejson
+from edged.core.errors import InputError, StatusError
 from edged.core.threads import Restart, Supervised
 from edged.core.waker import Waker
 
@@ -24,6 +26,7 @@ EXIT_HEALTHY, EXIT_DEGRADED, EXIT_NOT_RUNNING = 0, 1, 2
 MAX_SOCKET_PATH = 107
 CLIENT_DEADLINE_S = 2.0  # the most one status client can hold the status thread
 CLIENT_READ_MAX = 1 << 20  # bytes read from a client before closing on it (it sends nothing that matters)
+MAX_STATUS_BYTES = 16 << 20  # `edged status` reads at most this much (a status is a few KiB)
 
 
 def accept_until_halted(
@@ -58,15 +61,18 @@ class StatusServer(Supervised):
         self.path = path
         self.snapshot = snapshot
         self._halt = threading.Event()
+        self._inode = 0
         self._sock = self._bind(path, mode)
         self._wake = Waker()
 
-    @staticmethod
-    def _bind(path: Path, mode: int) -> socket.socket:
+    def _bind(self, path: Path, mode: int) -> socket.socket:
         if len(os.fsencode(path)) > MAX_SOCKET_PATH:
             raise StatusError(f"status socket path is too long for a Unix socket ({path}); set status.socket")
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
-        if path.exists() or path.is_symlink():
+        problem = socket_path_problem(path)
+        if problem is not None:
+            raise StatusError(f"status socket {path}: {problem}")
+        if path.exists():
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
                 probe.settimeout(1.0)
                 try:
@@ -85,6 +91,7 @@ class StatusServer(Supervised):
         finally:
             os.umask(old)
         path.chmod(mode)
+        self._inode = path.lstat().st_ino  # stop() removes this socket, and nothing that replaced it
         sock.listen(8)
         sock.setblocking(False)  # body() accepts only what select() reported
         return sock
@@ -127,8 +134,26 @@ class StatusServer(Supervised):
             self.join(timeout=CLIENT_DEADLINE_S + 1)
         self._sock.close()
         self._wake.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        with contextlib.suppress(OSError):
+            st = self.path.lstat()
+            if stat.S_ISSOCK(st.st_mode) and st.st_ino == self._inode:  # ours, never a file put there since
+                self.path.unlink()
+
+
+def socket_path_problem(path: Path) -> str | None:
+    """Why `path` cannot be the status socket: something that is not a socket is there (edged removes only a
+    socket a dead daemon left, never a file, a folder or a link: status.socket set to the spool's path must
+    not delete the spool)."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot look at it: {exc.strerror}"
+    if stat.S_ISSOCK(st.st_mode):
+        return None
+    kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a link" if stat.S_ISLNK(st.st_mode) else "a file"
+    return f"{kind} is there, not a socket; edged removes only a socket it left, so pick another path"
 
 
 def query(path: Path, timeout: float = 3.0) -> dict[str, Any]:
@@ -138,9 +163,10 @@ def query(path: Path, timeout: float = 3.0) -> dict[str, Any]:
         try:
             sock.connect(str(path))
             sock.shutdown(socket.SHUT_WR)  # no request: the server answers at once and sees EOF
-            chunks = []
-            while chunk := sock.recv(65536):
+            chunks, size = [], 0
+            while size <= MAX_STATUS_BYTES and (chunk := sock.recv(65536)):
                 chunks.append(chunk)
+                size += len(chunk)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise StatusError(f"edged is not running (nothing answers on {path})") from exc
         except PermissionError as exc:
@@ -150,9 +176,9 @@ def query(path: Path, timeout: float = 3.0) -> dict[str, Any]:
             ) from exc
         except OSError as exc:
             raise StatusError(f"cannot read status from {path}: {exc}") from exc
-    try:
-        data: dict[str, Any] = json.loads(b"".join(chunks))
-    except json.JSONDecodeError as exc:
+    try:  # bounded like any bytes from outside: whatever answers on the socket may not be edged
+        data = safejson.loads_object(b"".join(chunks), max_bytes=MAX_STATUS_BYTES, what="status")
+    except InputError as exc:
         raise StatusError(f"the daemon on {path} sent a malformed status: {exc}") from exc
     return data
 

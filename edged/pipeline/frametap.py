@@ -7,6 +7,7 @@ frame the model ran on. Disarmed it costs one attribute read per frame. Armed, i
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -86,5 +87,8 @@ class FrameTap:
 
 def save_frames(path: Path, frames: list[npt.NDArray[np.uint8]] | npt.NDArray[np.uint8]) -> Path:
     """Save raw BGR frames as a `.npz` set that `--calib`/`--data` read back."""
-    np.savez_compressed(path, frames=np.asarray(frames, dtype=np.uint8))  # key: FRAMES_KEY
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)  # frames of the scene: not for others
+    os.fchmod(fd, 0o640)  # whatever the umask
+    with os.fdopen(fd, "wb") as out:
+        np.savez_compressed(out, frames=np.asarray(frames, dtype=np.uint8))  # key: FRAMES_KEY
     return path

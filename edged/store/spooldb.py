@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -46,6 +47,7 @@ CREATE TABLE IF NOT EXISTS dead_letters (
 );
 """
 SIDE_FILES = ("-wal", "-shm")
+FILE_MODE = 0o640  # the spool: the daemon and its group (an operator in it may read results), nobody else
 LOCK_WAIT_S = 60.0  # a spool another process holds locked is waited for this long at start
 SQLITE_FULL = 13  # sqlite3.SQLITE_FULL from Python 3.11 on
 
@@ -72,6 +74,10 @@ def connect(path: Path, sync: str, timeout: float = 30.0) -> sqlite3.Connection:
     `sync`: `full` fsyncs the WAL at every commit (one fsync per group commit: what is committed survives a
     power cut); `normal` only at checkpoints (a power cut can take back every commit since the last one)."""
     new = not path.exists()
+    if new:  # its mode set here, whatever the umask: results are nobody else's to read (SQLite gives the WAL
+        # and its index the database file's mode)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
+        path.chmod(FILE_MODE)  # the umask may have taken bits from FILE_MODE too: exactly this mode
     conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=timeout)
     # a new file gives deleted pages back to the filesystem on request (see reclaim): a drained backlog
     # must not keep the disk full (an existing file keeps its mode; VACUUM would rewrite it whole)

@@ -89,6 +89,20 @@ def new_client(
     return client
 
 
+MAX_INCOMING_BYTES = 2 << 20  # what edged takes from the broker: commands (control.max_bytes <= 1 MiB), a model's
+# 256 KiB chunks; announced in CONNECT (MQTT 5 Maximum Packet Size) so that the broker drops a larger message
+# instead of making the device read it whole (a 200 MiB "command" cost 218 MiB of memory, never returned)
+
+
+def connect_properties(protocol: str) -> Properties | None:
+    """The CONNECT properties of the daemon's connection (MQTT 5; 3.1.1 has none)."""
+    if protocol != "5":
+        return None
+    props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    props.MaximumPacketSize = MAX_INCOMING_BYTES
+    return props
+
+
 class RateLimit:
     """Token bucket: at most `rate` messages per second (0 = unlimited), bursts of one second's worth."""
 

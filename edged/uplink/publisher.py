@@ -30,7 +30,14 @@ from edged.core.stats import MqttStats
 from edged.core.threads import DeathHook, Supervised
 from edged.store.spool import Spool
 from edged.uplink.link import Link, Listeners, note_error
-from edged.uplink.mqttclient import CONNECT_TIMEOUT_S, PackedProperties, load_password, new_client, topic_for
+from edged.uplink.mqttclient import (
+    CONNECT_TIMEOUT_S,
+    PackedProperties,
+    connect_properties,
+    load_password,
+    new_client,
+    topic_for,
+)
 from edged.uplink.pump import ResultPump
 from edged.uplink.reconnect import Reconnect, next_protocol
 from edged.uplink.session import Hook, Session
@@ -135,7 +142,12 @@ class Publisher(Supervised):
         conn = Link(client, self._ears)
         conn.attach()
         try:
-            client.connect(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive_s)
+            client.connect(
+                self.cfg.host,
+                self.cfg.port,
+                keepalive=self.cfg.keepalive_s,
+                properties=connect_properties(self.protocol),
+            )
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: no plaintext fallback, ever
             note_error(self.stats, f"cannot connect to {self.cfg.host}:{self.cfg.port}: {exc}")
             return None
