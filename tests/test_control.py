@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import paho.mqtt.client as paho
@@ -60,6 +61,7 @@ def test_record_saves_the_frames_the_model_sees(rig: Rig) -> None:
     assert answer["ok"] is True, answer
     saved = np.load(answer["detail"]["path"])["frames"]
     assert saved.shape == (5, 48, 64, 3)
+    assert Path(answer["detail"]["path"]).stat().st_mode & 0o777 == 0o640  # frames of the scene: not for others
 
 
 def test_while_a_recording_runs_status_is_answered_and_other_commands_are_busy(rig: Rig) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -17,6 +18,8 @@ from typing import Any
 import paho.mqtt.client as paho
 import pytest
 from conftest import Broker, StartDaemon, base_config, make_video, wait_for, write_config
+from hostile_bytes import CORPUS
+from hostile_bytes import result as hostile_result
 from paho.mqtt.enums import CallbackAPIVersion
 from pgserver import PgServer
 
@@ -309,3 +312,75 @@ def test_a_daemon_killed_mid_run_declares_its_gap_and_the_report_explains_it(
     entry = next(d for d in build_report(ingest.db)["devices"] if d["device"] == cfg["device_id"])
     assert entry["missing"] > 0  # the skipped lease beyond the last seq handed out
     assert (entry["uncertain"], entry["unexplained"]) == (entry["missing"], 0)
+
+
+def test_poison_messages_are_quarantined_acknowledged_and_ingest_goes_on(
+    db_url: str, device: Device, start_ingest: StartIngest
+) -> None:
+    session = {"client_id": f"ingest-q{uuid.uuid4().hex[:6]}", "group": f"gq{uuid.uuid4().hex[:6]}"}
+    ingest = start_ingest(db_url, **session)
+    dev = f"q{os.getpid()}"
+    topic = f"edged/{dev}/cam0/results"
+    poison = [
+        *CORPUS.values(),  # everything that broke a part once
+        b'{"v":1,"device":"' + dev.encode() + b'","pipeline":"cam0","seq":1,"ts":' + b"9" * 400 + b"}",
+        b'{"v":1,"device":"' + dev.encode() + b'","pipeline":"cam0","seq":' + b"1" * 30 + b',"ts":1}',
+        hostile_result(dev, "cam0", 1, result={"label": "a\u0000b"}),  # PostgreSQL's jsonb refuses a NUL
+        b"[" * 60_000,
+    ]
+    for payload in poison:
+        device.send(topic, payload)
+    device.send_results(dev, "cam0", [1, 2])
+    wait_for(lambda: ingest.snapshot()["inserted"] == 2, 60, "the good results after the poison")
+    wait_for(lambda: ingest.snapshot()["malformed"] == len(poison), 30, "every poison message quarantined")
+    assert ingest.snapshot()["writer_alive"] is True
+    assert {"too_deep", "out_of_range", "nul", "identity_mismatch"} <= set(ingest.snapshot()["quarantined"])
+    ingest.stop()
+
+    # aftermath: acknowledged, so the same session does not get the poison again; new results land
+    again = start_ingest(db_url, **session)
+    device.send_results(dev, "cam0", [3])
+    wait_for(lambda: again.snapshot()["inserted"] == 1, 30, "the next result")
+    assert again.snapshot()["malformed"] == 0
+    report = build_report(again.db)
+    entry = next(d for d in report["devices"] if d["device"] == dev)
+    assert sum(entry["quarantined"].values()) == len(poison)  # --report counts them for the device
+    assert entry["pipelines"][0]["contiguous_to"] == 3
+
+
+def test_a_result_on_another_device_s_topic_is_quarantined_and_the_genuine_one_lands(
+    db_url: str, device: Device, start_ingest: StartIngest
+) -> None:
+    ingest = start_ingest(db_url)
+    victim, attacker = f"v{os.getpid()}", f"a{os.getpid()}"
+    forged = hostile_result(victim, "cam0", 5, result={"top": [{"label": "intruder", "score": 1.0}]})
+    device.send(f"edged/{attacker}/x/results", forged)  # the attacker may publish only under its own topics
+    device.send_results(victim, "cam0", range(1, 6))
+    wait_for(lambda: ingest.snapshot()["inserted"] == 5, 30, "the victim's five results")
+    assert ingest.snapshot()["quarantined"] == {"identity_mismatch": 1}
+    report = build_report(ingest.db)
+    devices = {d["device"]: d for d in report["devices"]}
+    assert devices[victim]["pipelines"][0]["results"] == 5
+    assert devices[attacker]["quarantined"] == {"identity_mismatch": 1}
+    assert devices[attacker]["pipelines"] == []  # no row in its name or the victim's
+
+
+def test_a_message_the_database_refuses_alone_is_quarantined_and_its_batch_lands(
+    tmp_path: Path, device: Device, start_ingest: StartIngest
+) -> None:
+    url = str(tmp_path / "r.db")
+    db = open_database(url)  # the schema, then a rule of the operator's that refuses one pipeline's rows
+    db.close()
+    with sqlite3.connect(url) as conn:
+        conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON results WHEN NEW.pipeline = 'banned' "
+                     "BEGIN SELECT RAISE(ABORT, 'banned pipeline'); END")  # fmt: skip
+    ingest = start_ingest(url, batch=100, flush_s=1.0)  # one batch: the refused message and the good ones
+    dev = f"r{os.getpid()}"
+    device.send_results(dev, "cam0", [1, 2])
+    device.send_results(dev, "banned", [1])
+    device.send_results(dev, "cam0", [3])
+    wait_for(lambda: ingest.snapshot()["inserted"] == 3, 30, "the good rows of the batch")
+    wait_for(lambda: ingest.snapshot()["quarantined"] == {"db_refused": 1}, 30, "the refused one quarantined")
+    device.send_results(dev, "cam0", [4])  # aftermath: not retried forever, the next batch lands
+    wait_for(lambda: ingest.snapshot()["inserted"] == 4, 30, "the next result")
+    assert ingest.snapshot()["db_errors"] == 0

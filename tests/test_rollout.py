@@ -64,9 +64,25 @@ def test_the_check_passes_a_faithful_model_and_names_the_gate_another_fails(tmp_
 @pytest.fixture
 def http_files(tmp_path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
     files: dict[str, bytes] = {}
+    stop = threading.Event()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if self.path == "/drip":  # a server that sends a byte now and then, for as long as it likes
+                self.send_response(200)
+                self.send_header("Content-Length", "1000")
+                self.end_headers()
+                for _ in range(200):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    if stop.wait(0.2):
+                        return
+                return
+            if self.path == "/to-ftp":
+                self.send_response(302)
+                self.send_header("Location", "ftp://127.0.0.1/model.onnx")
+                self.end_headers()
+                return
             data = files.get(self.path)
             if data is None:
                 self.send_error(404)
@@ -83,6 +99,7 @@ def http_files(tmp_path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}", files
+    stop.set()
     server.shutdown()
     server.server_close()
 
@@ -101,6 +118,16 @@ def test_a_download_is_kept_only_with_the_named_hash_and_within_the_size_limit(
         "download_failed": lambda: fetch_url(f"{base}/gone.onnx", folder, sha_of(good), max_bytes=1 << 20, timeout=10),
         "malformed": lambda: fetch_url("file:///etc/passwd", folder, sha_of(good), max_bytes=1 << 20, timeout=10),
     }
+    dripped = {  # the deadline is for the whole download, not each read; a redirect leads only to http(s)
+        "not downloaded within 1 s": lambda: fetch_url(f"{base}/drip", folder, sha_of(good), max_bytes=1 << 20,
+                                                       timeout=1.0),
+        "only http(s) is followed": lambda: fetch_url(f"{base}/to-ftp", folder, sha_of(good), max_bytes=1 << 20,
+                                                      timeout=10),
+    }  # fmt: skip
+    for said, attempt in dripped.items():
+        with pytest.raises(CommandError) as err:
+            attempt()
+        assert (err.value.reason, said in str(err.value)) == ("download_failed", True), err.value
     for reason, attempt in refusals.items():
         with pytest.raises(CommandError) as err:
             attempt()

@@ -8,7 +8,8 @@ ways to hurt:
 - an integer of thousands of digits costs quadratic time to convert (Python caps it at 4,300 digits with a
   ValueError, after the work): integers are limited to MAX_INT_DIGITS digits, more than 64 bits need;
 - a NUL inside a string passes Python and SQLite but breaks PostgreSQL (jsonb refuses `\\u0000`) and C
-  consumers: refused anywhere in the document, keys included.
+  consumers, and so does a lone surrogate (`\\ud800`, not UTF-8): refused anywhere in the document, keys
+  included.
 
 Every refusal is an `InputError` (a ValueError, so existing `except ValueError` still holds) with a short
 `reason` key that counters use and a message that says what was wrong.
@@ -62,18 +63,25 @@ def _parse_float(text: str) -> float:
     return value
 
 
+def _check_text(text: str, what: str) -> None:
+    if "\x00" in text:
+        raise InputError("nul", f"{what} holds a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (U+D800): no UTF-8 writer (PostgreSQL, a consumer) takes it
+        raise InputError("not_utf8", f"{what} holds a lone surrogate") from None
+
+
 def _check_strings(root: Any) -> None:
     """No NUL in any string or key (iterative: the depth is bounded already, but no recursion is needed)."""
     stack = [root]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            if "\x00" in item:
-                raise InputError("nul", "a string holds a NUL character")
+            _check_text(item, "a string")
         elif isinstance(item, dict):
             for key, value in item.items():
-                if "\x00" in key:
-                    raise InputError("nul", "a key holds a NUL character")
+                _check_text(key, "a key")
                 stack.append(value)
         elif isinstance(item, list):
             stack.extend(item)
