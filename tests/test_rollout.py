@@ -118,16 +118,17 @@ def test_a_download_is_kept_only_with_the_named_hash_and_within_the_size_limit(
         "download_failed": lambda: fetch_url(f"{base}/gone.onnx", folder, sha_of(good), max_bytes=1 << 20, timeout=10),
         "malformed": lambda: fetch_url("file:///etc/passwd", folder, sha_of(good), max_bytes=1 << 20, timeout=10),
     }
-    dripped = {  # the deadline is for the whole download, not each read; a redirect leads only to http(s)
+    # the deadline is for the whole download, not each read; a redirect leads only to http(s)
+    dripped: dict[str, Callable[[], Path]] = {
         "not downloaded within 1 s": lambda: fetch_url(f"{base}/drip", folder, sha_of(good), max_bytes=1 << 20,
                                                        timeout=1.0),
         "only http(s) is followed": lambda: fetch_url(f"{base}/to-ftp", folder, sha_of(good), max_bytes=1 << 20,
                                                       timeout=10),
     }  # fmt: skip
-    for said, attempt in dripped.items():
-        with pytest.raises(CommandError) as err:
-            attempt()
-        assert (err.value.reason, said in str(err.value)) == ("download_failed", True), err.value
+    for said, fetch in dripped.items():
+        with pytest.raises(CommandError) as failed:
+            fetch()
+        assert (failed.value.reason, said in str(failed.value)) == ("download_failed", True), failed.value
     for reason, attempt in refusals.items():
         with pytest.raises(CommandError) as err:
             attempt()
