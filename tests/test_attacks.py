@@ -54,7 +54,9 @@ def test_hostile_commands_are_refused_and_remote_control_still_answers(rig: Rig)
     snap = daemon.status() or {}
     assert snap["control"]["refused"].get("malformed", 0) + snap["control"]["refused"].get("too_large", 0) == len(junk)
     assert not [r for r in snap["reasons"] if "edged-control" in r]  # the control thread did not die
-    # aftermath: a signed command is answered at once, by the same thread
+    # aftermath: a signed command is answered at once, by the same thread; and junk on the operator's reply topic
+    # (anyone on the broker may publish there too) does not silence `fleet send`'s side either
+    publish_raw(rig, rig.fleet.reply_topic, [CORPUS["60 kB of ["], CORPUS["int of 5000 digits"]])
     answer = ask(rig.fleet, "status", dev, timeout=30)[dev]
     assert answer["ok"] is True
     assert snap["mqtt"]["connected"] is True

@@ -21,10 +21,13 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from edged.control.commands import command_topic
-from edged.core.errors import EdgedError
+from edged.core.errors import EdgedError, InputError
+from edged.core.safejson import loads
 from edged.core.secrets import read_secret
 from edged.core.signing import sign
 from edged.uplink.mqttclient import BrokerAccess, make_client
+
+MAX_REPLY_BYTES = 16 << 20  # a `status` reply carries the status JSON (a few KiB)
 
 REPLY_PREFIX = "edged/fleet/replies"
 Listener = Callable[[str, dict[str, Any]], None]
@@ -92,9 +95,9 @@ class FleetClient:
             raise EdgedError(f"the broker did not grant the subscription to {topic_filter}")
 
     def _on_message(self, _c: paho.Client, _u: Any, msg: paho.MQTTMessage) -> None:
-        try:
-            body = json.loads(msg.payload)
-        except ValueError:
+        try:  # anyone on the broker may publish on a device's events topic: bounded, never a dead paho thread
+            body = loads(bytes(msg.payload), max_bytes=MAX_REPLY_BYTES, what="reply")
+        except InputError:
             body = None
         if not isinstance(body, dict):  # a listener may want plain text too (edged/<device>/status: online)
             body = {"text": bytes(msg.payload).decode("utf-8", "replace")}
