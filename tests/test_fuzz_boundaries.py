@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import make_tiny_model
+from control_stubs import Outbox
 from hostile_bytes import CORPUS, FUZZ, json_values, result
 from hypothesis import given
 from hypothesis import strategies as st
@@ -31,7 +32,6 @@ from edged.core.signing import generate_key, load_private_key, sign
 from edged.fleet.ingestparse import SEQ_MAX, Identity, RefusedError, parse_gap, parse_results, parse_stats
 from edged.ops.checkconfig import check_config
 from edged.ops.status import query
-from edged.uplink.sidechannel import SideMessage
 
 DEVICE = Identity("d", "p")
 
@@ -132,19 +132,6 @@ def test_a_signed_nan_timestamp_is_refused_not_kept_forever(gate_and_key: tuple[
 
 
 # -- the controller: whatever comes, it answers, and its queue never blocks paho ---------------------------
-
-
-class Outbox:
-    """Where the controller's replies go: a list (the side channel's MQTT publishing is tested elsewhere)."""
-
-    def __init__(self) -> None:
-        self.sent: list[SideMessage] = []
-
-    def send(self, message: SideMessage) -> None:
-        self.sent.append(message)
-
-    def replies(self) -> list[dict[str, Any]]:
-        return [json.loads(m.payload) for m in self.sent if m.topic.endswith("/events")]
 
 
 class NoTarget:

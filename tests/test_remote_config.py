@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from conftest import make_tiny_model, wait_for
+from control_stubs import Outbox
 
 from edged.control.commands import command_topic, new_command
 from edged.control.controller import Controller
 from edged.control.settings import ControlConfig
 from edged.core.signing import generate_key, load_private_key, sign
 from edged.ops.checkconfig import check_config
-from edged.uplink.sidechannel import SideMessage
 
 BASE = """\
 device_id: dev1
@@ -55,18 +55,6 @@ class Daemon:
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"not asked of the daemon by a config command: {name}")
-
-
-class Outbox:
-    def __init__(self) -> None:
-        self.sent: list[SideMessage] = []
-
-    def send(self, message: SideMessage) -> None:
-        self.sent.append(message)
-
-    def answers(self) -> list[dict[str, Any]]:
-        bodies = [json.loads(m.payload) for m in self.sent if m.topic.endswith("/events")]
-        return [b for b in bodies if b.get("event") == "command"]
 
 
 def test_a_written_config_that_does_not_reload_is_put_back_and_the_answer_says_so(tmp_path: Path) -> None:
