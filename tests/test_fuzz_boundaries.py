@@ -1,11 +1,12 @@
 """Every boundary where bytes come in, fuzzed (Hypothesis, a fixed budget, derandomized) and fed the hostile
 corpus (tests/hostile_bytes.py): the bounded JSON reader, the command gate, the ingest's parser, the config
-loader (a YAML file and a pushed JSON config), and the status reader. A boundary may refuse, with its own
+loader (a YAML file and a pushed JSON config), and the status reader and view. A boundary may refuse, with its own
 error and a reason; it may never raise anything else, and what it accepts is within range."""
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
 import socket
@@ -20,6 +21,7 @@ from control_stubs import Outbox
 from hostile_bytes import CORPUS, FUZZ, json_values, result
 from hypothesis import given
 from hypothesis import strategies as st
+from rich.console import Console
 
 from edged.config import parse_config
 from edged.control.controller import Controller
@@ -32,6 +34,7 @@ from edged.core.signing import generate_key, load_private_key, sign
 from edged.fleet.ingestparse import SEQ_MAX, Identity, RefusedError, parse_gap, parse_results, parse_stats
 from edged.ops.checkconfig import check_config
 from edged.ops.status import query
+from edged.ops.statusview import build_view
 
 DEVICE = Identity("d", "p")
 
@@ -316,3 +319,12 @@ def test_the_status_reader_refuses_what_is_not_a_status(fake_daemon: tuple[Path,
         assert "malformed status" in str(exc)
     else:
         assert isinstance(snapshot, dict)
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(["state", "reasons", "version", "device_id", "uptime_s", "pipelines", "spool",
+                                        "mqtt", "reload", "control"]), json_values))  # fmt: skip
+def test_a_status_of_any_shape_is_shown_or_said_to_be_unshowable(snapshot: dict[str, Any]) -> None:
+    out = io.StringIO()
+    Console(file=out, width=80).print(build_view(snapshot))  # never a traceback for `edged status`
+    assert out.getvalue().startswith("edged ")

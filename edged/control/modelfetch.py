@@ -83,6 +83,7 @@ class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
         newurl: str,
     ) -> urllib.request.Request | None:
         if urllib.parse.urlsplit(newurl).scheme not in ("http", "https"):
+            fp.close()  # urllib closes the redirect's response only when it follows it
             raise CommandError("download_failed", f"redirected to {newurl[:60]!r}: only http(s) is followed")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 

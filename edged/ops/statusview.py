@@ -144,7 +144,21 @@ def _mqtt(mqtt: dict[str, Any]) -> list[Any]:
 
 
 def build_view(snapshot: dict[str, Any]) -> Group:
-    """Everything `edged status` shows, as one rich renderable."""
+    """Everything `edged status` shows, as one rich renderable; a status of a shape this version cannot show
+    (another program on the socket, a newer daemon) is said so in one line, never a traceback."""
+    try:
+        return _view(snapshot)
+    except (TypeError, AttributeError, KeyError, ValueError) as exc:
+        return Group(
+            _line(
+                ("edged ?", "red"),
+                f"  the status has a shape this edged cannot show ({type(exc).__name__}: {str(exc)[:80]}); "
+                "`edged status --json` prints it as it came",
+            )
+        )
+
+
+def _view(snapshot: dict[str, Any]) -> Group:
     state = snapshot.get("state", "?")
     style = {"running": "green", "degraded": "yellow"}.get(state, "red")
     head = _line(
