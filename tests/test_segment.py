@@ -156,7 +156,7 @@ def test_validate_judges_a_segmenter_by_its_class_maps(tmp_path: Path) -> None:
     model = tp.package_dir("rembg") / "u2netp.onnx"
     data = base_config(tmp_path, model, "/dev/video9")
     data["pipelines"][0]["preprocess"] = {"size": [320, 320], "resize": "stretch", "color": "rgb", **ref.IMAGENET}
-    data["pipelines"][0]["postprocess"] = {"type": "segment", "normalize": "minmax"}
+    data["pipelines"][0]["postprocess"] = {"type": "segment", "output": ref.U2NETP_FUSED, "normalize": "minmax"}
     config = write_config(tmp_path / "edged.yaml", data)
     frames = np.stack([tp.photo(n)[:300, :400] for n in ref.SALIENT_PHOTOS[:4]])
     opts = ValidateOptions(

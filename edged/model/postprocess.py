@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -22,6 +23,37 @@ LABELS_KEY = "edged.labels"
 Labels = list[str] | Path | None
 
 
+def output_field() -> Any:
+    """The `output` key of a decoder that reads one output (classify, segment)."""
+    return Field(
+        None,
+        description="The name of the output to read; default: the only output that fits (a model with several "
+        "that fit is refused until this names one: edged does not guess which).",
+    )
+
+
+def pick_output(
+    decoder: str, wanted: str | None, names: list[str], shapes: list[list[Any]], fits: Callable[[list[Any]], bool]
+) -> int:
+    """The index of the output a decoder reads: the one `wanted` names, else the only one that `fits`. ModelError
+    naming the outputs (and the key that decides) when none fits or several do."""
+    described = ", ".join(f"{n} {s}" for n, s in zip(names, shapes, strict=True))
+    if wanted is not None:
+        if wanted not in names:
+            raise ModelError(f"postprocess.output {wanted!r} is not an output of the model ({described})")
+        return names.index(wanted)
+    fitting = [i for i, shape in enumerate(shapes) if fits(shape)]
+    if len(fitting) == 1:
+        return fitting[0]
+    if len(fitting) > 1:
+        which = ", ".join(names[i] for i in fitting)
+        raise ModelError(
+            f"{decoder} could read {len(fitting)} of the model's outputs ({which}); edged does not guess: name the "
+            f"one with postprocess.output (the outputs: {described})"
+        )
+    return 0  # none fits: the decoder's own check says why, about the first
+
+
 def labels_field() -> Any:
     """The `labels` key of a postprocess section (classify, detect)."""
     return Field(
@@ -38,6 +70,7 @@ class ClassifyConfig(Strict):
     type: Literal["classify"] = Field(description="Postprocessor type key.")
     top_k: int = Field(3, ge=1, le=1000, description="How many classes to report.")
     labels: Labels = labels_field()
+    output: str | None = output_field()
     softmax: Literal["auto", "always", "never"] = Field(
         "auto", description="auto: apply softmax unless the outputs already sum to 1."
     )
@@ -126,16 +159,20 @@ def exporter_labels(metadata: dict[str, str]) -> list[str] | None:
 
 
 class Classify:
-    """Top-k classes of the first output; softmax when the output is logits."""
+    """Top-k classes of its output; softmax when the output is logits."""
 
-    def __init__(self, cfg: ClassifyConfig, labels: list[str] | None) -> None:
+    def __init__(self, cfg: ClassifyConfig, labels: list[str] | None, index: int = 0) -> None:
         self.top_k = cfg.top_k
         self.softmax = cfg.softmax
         self.labels = labels
+        self.index = index  # the output it reads
 
     def __call__(self, outputs: list[npt.NDArray[Any]], geometry: Geometry | None = None) -> dict[str, Any]:  # noqa: ARG002
-        """Return {"top": [{"index", "label", "score"}, ...]} best first."""
-        scores = np.asarray(outputs[0], dtype=np.float32).reshape(-1)
+        """Return {"top": [{"index", "label", "score"}, ...]} best first; with labels, a class beyond them is
+        not published (a bare number is no label): ModelError when the model has more classes than labels."""
+        scores = np.asarray(outputs[self.index], dtype=np.float32).reshape(-1)
+        if self.labels is not None and scores.size != len(self.labels):
+            raise ModelError(f"the model gave {scores.size} class scores for {len(self.labels)} labels")
         if self.softmax == "always" or (self.softmax == "auto" and not _is_distribution(scores)):
             exp = np.exp(scores - scores.max())
             scores = exp / exp.sum()
@@ -190,13 +227,13 @@ def make_classify(
     metadata: dict[str, str],
     input_size: tuple[int, int] | None,  # noqa: ARG001
 ) -> Postprocessor:
-    """`classify`: top-k; the labels must match the classes of the output."""
+    """`classify`: top-k of one output (`output`, or the only one that fits); the labels must match its classes."""
     labels = load_labels(cfg.labels, metadata)
-    shape = output_shapes[0]
-    spread = [d for d in shape[1:] if not isinstance(d, int) or d != 1]
-    if len(spread) > 1:
+    index = pick_output("classify", cfg.output, output_names, output_shapes, _scores_shape)
+    shape = output_shapes[index]
+    if not _scores_shape(shape):
         raise ModelError(
-            f"classify needs one score per class ([1, classes]); the model's first output {output_names[0]} is "
+            f"classify needs one score per class ([1, classes]); the model's output {output_names[index]} is "
             f"{shape}, a map or a detection head: use the postprocess type of its family (detect, centernet, "
             "gfl, text) or raw"
         )
@@ -205,7 +242,12 @@ def make_classify(
         raise ModelError(
             f"{len(labels)} labels for a model with {classes} classes; fix postprocess.labels or the model"
         )
-    return Classify(cfg, labels)
+    return Classify(cfg, labels, index)
+
+
+def _scores_shape(shape: list[Any]) -> bool:
+    """One score per class: at most one axis past the batch that is not 1."""
+    return len(shape) >= 1 and len([d for d in shape[1:] if not isinstance(d, int) or d != 1]) <= 1
 
 
 @POSTPROCESSORS.register("raw", RawConfig)

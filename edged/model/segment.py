@@ -1,6 +1,9 @@
 """`segment` postprocessing: semantic segmentation maps -> per-class area, box and (optionally) polygons.
 
-Outputs it reads (the first output; U²-Net-style models with side outputs put the fused map first):
+The output it reads: the one `output` names, else the only map among the model's outputs; a model with several
+maps (U²-Net's side outputs, a detector's heads) is refused until `output` names one (U²-Net: its fused map,
+the first). The layout is read from the declared shape, and again from the first real output whose axes the
+model left dynamic (`[N, H, W, 2]` with H and W dynamic looks channels-first on paper). Maps it reads:
 
 - `[1, C, H, W]` class scores or logits (DeepLab, SegFormer, PP-LiteSeg, BiSeNet exports), or channels-last
   `[1, H, W, C]` (TensorFlow exports: the last axis is the smallest), decoded by argmax over the classes;
@@ -31,7 +34,15 @@ from pydantic import Field
 from edged.core.errors import ModelError
 from edged.core.settings import Strict
 from edged.model.detections import input_size_of, sigmoid
-from edged.model.postprocess import POSTPROCESSORS, Labels, Postprocessor, labels_field, load_labels
+from edged.model.postprocess import (
+    POSTPROCESSORS,
+    Labels,
+    Postprocessor,
+    labels_field,
+    load_labels,
+    output_field,
+    pick_output,
+)
 from edged.model.preprocess import Geometry
 
 __all__ = ["Segment", "SegmentConfig", "make_segment"]
@@ -47,6 +58,7 @@ class SegmentConfig(Strict):
 
     type: Literal["segment"] = Field(description="Postprocessor type key.")
     labels: Labels = labels_field()
+    output: str | None = output_field()
     threshold: float = Field(
         0.5, gt=0, lt=1, description="One-class maps: the probability at which a pixel belongs to the class."
     )
@@ -67,13 +79,13 @@ class SegmentConfig(Strict):
 
 
 def channels_last(shape: list[Any], input_size: tuple[int, int]) -> bool:
-    """Whether the first output of `shape` is a map, and a channels-last one ([1, H, W, C]: its last axis the
+    """Whether an output of `shape` is a map, and a channels-last one ([1, H, W, C]: its last axis the
     smallest); ModelError when it is not a map: a rank other than 3 or 4, or spatial axes that are not the
     input's picture at some scale (a spatial axis of 1, or an aspect ratio far from the input's, such as a
     detector's [1, N, C] head)."""
     dims = [d if isinstance(d, int) else None for d in shape]
     if len(dims) not in (3, 4):
-        raise ModelError(f"segment needs a map [1, C, H, W], [1, H, W, C] or [1, H, W]; the first output is {shape}")
+        raise ModelError(f"segment needs a map [1, C, H, W], [1, H, W, C] or [1, H, W]; the output is {shape}")
     last = len(dims) == 4 and dims[3] is not None and dims[1] is not None and dims[3] < dims[1]
     last = last and (dims[2] is None or (dims[3] or 0) < dims[2])
     h, w = (dims[1], dims[2]) if len(dims) == 3 or last else (dims[2], dims[3])
@@ -82,7 +94,7 @@ def channels_last(shape: list[Any], input_size: tuple[int, int]) -> bool:
         if min(h, w) < 2 or not 1 / 1.5 <= ratio <= 1.5:
             raise ModelError(
                 f"segment needs a map shaped like the {input_size[0]}x{input_size[1]} input at some scale; the "
-                f"first output is {shape}"
+                f"output is {shape}"
             )
     return last
 
@@ -90,8 +102,11 @@ def channels_last(shape: list[Any], input_size: tuple[int, int]) -> bool:
 class Segment:
     """Model outputs (+ the frame's geometry) -> {"segments": [...], "frame": {"w", "h"}}."""
 
-    def __init__(self, cfg: SegmentConfig, labels: list[str] | None, last: bool, input_size: tuple[int, int]) -> None:
+    def __init__(
+        self, cfg: SegmentConfig, labels: list[str] | None, last: bool, input_size: tuple[int, int], index: int = 0
+    ) -> None:
         self.cfg = cfg
+        self.index = index  # the output it reads
         self.channels_last = last
         self.input_size = input_size
         self.labels = labels
@@ -104,14 +119,18 @@ class Segment:
         if one_class:
             named = [x for x in self.labels or [] if x.lower() not in BACKGROUND]  # [background, X] names X too
             return (named[0] if named else "foreground") if index == 1 else "background"
-        return self.labels[index] if self.labels is not None and 0 <= index < len(self.labels) else str(index)
+        if self.labels is None:
+            return str(index)
+        if not 0 <= index < len(self.labels):  # a bare number is no label: refused, never published
+            raise ModelError(f"class {index} of the map is beyond the {len(self.labels)} labels")
+        return self.labels[index]
 
     def class_map(self, outputs: list[npt.NDArray[Any]]) -> tuple[ClassMap, bool]:
         """(the per-pixel class of the model's map [h, w] at its own resolution, whether it is a one-class
         map: 1 where the probability passes `threshold`, else 0)."""
-        out = np.asarray(outputs[0])
-        if self._checked != out.shape:  # the axes the model left dynamic, once their sizes are known
-            channels_last(list(out.shape), self.input_size)
+        out = np.asarray(outputs[self.index])
+        if self._checked != out.shape:  # the axes the model left dynamic, once their sizes are known: the layout
+            self.channels_last = channels_last(list(out.shape), self.input_size)  # is read again from them
             self._checked = out.shape
         out = out[0] if out.ndim in (3, 4) else out
         if out.ndim == 2 and np.issubdtype(out.dtype, np.integer):
@@ -214,13 +233,27 @@ def make_segment(
     metadata: dict[str, str],
     input_size: tuple[int, int] | None,
 ) -> Postprocessor:
-    """Build the decoder; the first output must be a map (see the module's docstring)."""
+    """Build the decoder; its output must be a map (see the module's docstring)."""
     input_size = input_size_of("segment", input_size)
     if not output_shapes:
         raise ModelError("segment needs a map output; the model has none")
+
+    def is_map(shape: list[Any]) -> bool:
+        try:
+            channels_last(shape, input_size)
+        except ModelError:
+            return False
+        return True
+
+    index = pick_output("segment", cfg.output, output_names, output_shapes, is_map)
     try:
-        last = channels_last(output_shapes[0], input_size)
+        last = channels_last(output_shapes[index], input_size)
     except ModelError as exc:
         described = ", ".join(f"{n} {s}" for n, s in zip(output_names, output_shapes, strict=True))
         raise ModelError(f"{exc} ({described})") from None
-    return Segment(cfg, load_labels(cfg.labels, metadata), last, input_size)
+    labels = load_labels(cfg.labels, metadata)
+    shape = output_shapes[index]
+    classes = (shape[3] if last else shape[1]) if len(shape) == 4 else None
+    if labels is not None and isinstance(classes, int) and classes > 1 and len(labels) < classes:
+        raise ModelError(f"{len(labels)} labels for a map of {classes} classes; fix postprocess.labels or the model")
+    return Segment(cfg, labels, last, input_size, index)

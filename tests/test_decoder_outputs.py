@@ -1,0 +1,117 @@
+"""A decoder reads the output it declared, never a guess: `postprocess.output` names it, or it is the only one
+that fits; a model with several that fit is refused by check-config with the key that decides. And a map whose
+axes the model left dynamic is read in the layout its real shape shows (issue "No silent garbage": a face
+detector's NHWC softmax [N, H, W, 2] with dynamic H and W was argmaxed over its width and published as labels
+"10", "100", "254"). The models are built here with the layouts of that detector (real ONNX Runtime runs them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from conftest import base_config, write_config
+from onnx import TensorProto, helper, numpy_helper
+
+from edged.config import load_config
+from edged.core.errors import ConfigError
+from edged.ops.checkconfig import check_config
+from edged.pipeline.model import prepare_model
+
+
+def _save(graph: onnx.GraphProto, path: Path) -> Path:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def face_like_model(path: Path) -> Path:
+    """NHWC input with dynamic height and width; a per-cell box regression `boxes` [N, H, W, 4] and a two-class
+    softmax `faces` [N, H, W, 2] (class 1 where the red channel beats the green one)."""
+    x = helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", "H", "W", 3])
+    boxes = helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["N", "M5", "M6", 4])
+    faces = helper.make_tensor_value_info("faces", TensorProto.FLOAT, ["N", "M5", "M6", 2])
+    init = [
+        numpy_helper.from_array(np.array([1, 0], np.int64), "gr_idx"),  # [green, red]: class 1 when red wins
+        numpy_helper.from_array(np.array([0, 1, 2, 0], np.int64), "box_idx"),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["image", "gr_idx"], ["gr"], axis=3),
+        helper.make_node("Mul", ["gr", "gr"], ["gr2"]),
+        helper.make_node("Softmax", ["gr2"], ["faces"], axis=-1),
+        helper.make_node("Gather", ["image", "box_idx"], ["boxes"], axis=3),
+    ]
+    return _save(helper.make_graph(nodes, "facelike", [x], [boxes, faces], initializer=init), path)
+
+
+def heads_model(path: Path) -> Path:
+    """A classifier-shaped model with three heads: [1, 4] box, [1, 10] landmarks, [1, 2] face scores."""
+    x = helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 8, 8])
+    outs, init, nodes = [], [], [helper.make_node("Flatten", ["image"], ["flat"])]
+    rng = np.random.default_rng(0)
+    for name, n in (("box", 4), ("landmarks", 10), ("score", 2)):
+        outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, n]))
+        init.append(numpy_helper.from_array(rng.normal(size=(192, n)).astype(np.float32), f"w_{name}"))
+        nodes.append(helper.make_node("MatMul", ["flat", f"w_{name}"], [name]))
+    return _save(helper.make_graph(nodes, "heads", [x], outs, initializer=init), path)
+
+
+NHWC = {"size": [64, 48], "resize": "stretch", "color": "rgb", "layout": "nhwc", "scale": 1 / 255}
+
+
+def config(tmp_path: Path, model: Path, post: dict[str, Any], pre: dict[str, Any] | None = None) -> Path:
+    data = base_config(tmp_path, model, "/dev/video9")
+    data["pipelines"][0]["postprocess"] = post
+    if pre is not None:
+        data["pipelines"][0]["preprocess"] = pre
+    return write_config(tmp_path / "edged.yaml", data)
+
+
+def refusal(path: Path) -> str:
+    with pytest.raises(ConfigError) as err:
+        check_config(path)
+    return "\n".join(err.value.problems)
+
+
+def test_several_maps_that_fit_are_refused_until_output_names_one(tmp_path: Path) -> None:
+    model = face_like_model(tmp_path / "face.onnx")
+    said = refusal(config(tmp_path, model, {"type": "segment"}, NHWC))
+    assert "segment could read 2 of the model's outputs (boxes, faces)" in said
+    assert "postprocess.output" in said
+    wrong = refusal(config(tmp_path, model, {"type": "segment", "output": "scores"}, NHWC))
+    assert "postprocess.output 'scores' is not an output of the model" in wrong
+
+
+def test_an_nhwc_map_with_dynamic_axes_decodes_as_its_own_argmax(tmp_path: Path) -> None:
+    model = face_like_model(tmp_path / "face.onnx")
+    path = config(tmp_path, model, {"type": "segment", "output": "faces", "labels": ["background", "face"]}, NHWC)
+    check_config(path)
+    cfg = load_config(path)
+    prepared = prepare_model(cfg.pipelines[0], cfg.state_dir, cores=1)
+    frame = np.zeros((48, 64, 3), np.uint8)
+    frame[:, :16] = (0, 0, 255)  # BGR: the left quarter is red (a "face"), the rest black
+    result = prepared.post(prepared.loaded.run(prepared.pre(frame)), prepared.pre.geometry(64, 48))  # type: ignore[union-attr]
+    assert [s["label"] for s in result["segments"]] == ["face"]  # never "10", "100", "254": its width's indices
+    assert result["segments"][0]["area"] == pytest.approx(0.25, abs=0.02)
+    own = prepared.loaded.run(prepared.pre(frame))[1]  # the model's own answer: argmax over its last axis
+    assert float(np.mean(np.argmax(own[0], axis=-1) == 1)) == pytest.approx(0.25, abs=0.02)
+
+
+def test_classify_on_several_heads_is_refused_until_output_names_one(tmp_path: Path) -> None:
+    model = heads_model(tmp_path / "heads.onnx")
+    plain = {"size": [8, 8], "resize": "stretch"}
+    said = refusal(config(tmp_path, model, {"type": "classify"}, plain))
+    assert "classify could read 3 of the model's outputs (box, landmarks, score)" in said
+    path = config(tmp_path, model, {"type": "classify", "output": "score", "labels": ["no face", "face"]}, plain)
+    check_config(path)
+    cfg = load_config(path)
+    prepared = prepare_model(cfg.pipelines[0], cfg.state_dir, cores=1)
+    frame = np.full((8, 8, 3), 100, np.uint8)
+    result = prepared.post(prepared.loaded.run(prepared.pre(frame)))
+    assert {t["label"] for t in result["top"]} == {"no face", "face"}  # two classes: the score head, not the box
+    too_few = refusal(config(tmp_path, model, {"type": "classify", "output": "landmarks", "labels": ["a"]}, plain))
+    assert "1 labels for a model with 10 classes" in too_few
