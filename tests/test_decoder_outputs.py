@@ -6,6 +6,8 @@ detector's NHWC softmax [N, H, W, 2] with dynamic H and W was argmaxed over its 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edged.config import load_config
 from edged.core.errors import ConfigError
 from edged.ops.checkconfig import check_config
+from edged.pipeline.frametap import save_frames
 from edged.pipeline.model import prepare_model
 
 
@@ -30,20 +33,23 @@ def _save(graph: onnx.GraphProto, path: Path) -> Path:
 
 
 def face_like_model(path: Path) -> Path:
-    """NHWC input with dynamic height and width; a per-cell box regression `boxes` [N, H, W, 4] and a two-class
-    softmax `faces` [N, H, W, 2] (class 1 where the red channel beats the green one)."""
+    """NHWC input with dynamic height and width, as a TensorFlow export has it (transposes around 1x1 convs); a
+    per-cell box regression `boxes` [N, H, W, 4] and a two-class softmax `faces` [N, H, W, 2] (class 1 where
+    the red channel beats the green one)."""
     x = helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", "H", "W", 3])
     boxes = helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["N", "M5", "M6", 4])
     faces = helper.make_tensor_value_info("faces", TensorProto.FLOAT, ["N", "M5", "M6", 2])
-    init = [
-        numpy_helper.from_array(np.array([1, 0], np.int64), "gr_idx"),  # [green, red]: class 1 when red wins
-        numpy_helper.from_array(np.array([0, 1, 2, 0], np.int64), "box_idx"),
-    ]
+    face_w = np.zeros((2, 3, 1, 1), np.float32)
+    face_w[0, 1], face_w[1, 0] = 8.0, 8.0  # class 0: green, class 1: red (the input is RGB)
+    box_w = np.random.default_rng(1).normal(size=(4, 3, 1, 1)).astype(np.float32)
+    init = [numpy_helper.from_array(face_w, "face_w"), numpy_helper.from_array(box_w, "box_w")]
     nodes = [
-        helper.make_node("Gather", ["image", "gr_idx"], ["gr"], axis=3),
-        helper.make_node("Mul", ["gr", "gr"], ["gr2"]),
-        helper.make_node("Softmax", ["gr2"], ["faces"], axis=-1),
-        helper.make_node("Gather", ["image", "box_idx"], ["boxes"], axis=3),
+        helper.make_node("Transpose", ["image"], ["nchw"], perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["nchw", "face_w"], ["face_logits"]),
+        helper.make_node("Transpose", ["face_logits"], ["face_nhwc"], perm=[0, 2, 3, 1]),
+        helper.make_node("Softmax", ["face_nhwc"], ["faces"], axis=-1),
+        helper.make_node("Conv", ["nchw", "box_w"], ["box_nchw"]),
+        helper.make_node("Transpose", ["box_nchw"], ["boxes"], perm=[0, 2, 3, 1]),
     ]
     return _save(helper.make_graph(nodes, "facelike", [x], [boxes, faces], initializer=init), path)
 
@@ -115,3 +121,21 @@ def test_classify_on_several_heads_is_refused_until_output_names_one(tmp_path: P
     assert {t["label"] for t in result["top"]} == {"no face", "face"}  # two classes: the score head, not the box
     too_few = refusal(config(tmp_path, model, {"type": "classify", "output": "landmarks", "labels": ["a"]}, plain))
     assert "1 labels for a model with 10 classes" in too_few
+
+
+def test_quantize_takes_an_nhwc_model_s_frame_size_from_the_pipeline(tmp_path: Path) -> None:
+    """quantize --config judges with the pipeline's decoder at the pipeline's input size, NHWC as NCHW (it took
+    the size from the tensor's last two axes: `segment needs a map shaped like the 3x960 input`)."""
+    model = face_like_model(tmp_path / "face.onnx")
+    path = config(tmp_path, model, {"type": "segment", "output": "faces"}, NHWC)
+    rng = np.random.default_rng(3)
+    frames = rng.integers(0, 255, size=(16, 48, 64, 3), dtype=np.uint8)
+    frames[:, :, :20, 2] = 255  # red on the left: a face in every frame
+    calib = save_frames(tmp_path / "calib.npz", frames)
+    out = tmp_path / "face.int8.onnx"
+    done = subprocess.run([sys.executable, "-m", "edged", "quantize", str(model), "-o", str(out), "--calib",
+                           str(calib), "--config", str(path), "--accept-slower"],
+                          capture_output=True, text=True, check=False, timeout=600)  # fmt: skip
+    assert "shaped like" not in done.stderr
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert out.exists()

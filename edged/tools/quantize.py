@@ -136,7 +136,7 @@ def quantize_model(src: Path, out: Path, opts: QuantizeOptions) -> dict[str, Any
         if opts.recipe is not None:
             opts = with_recipe(opts, recipes.recipe(opts.recipe))
         if opts.search and opts.recipe is None:
-            opts, raw, search = _search(src, prepared, name, inputs, opts, Path(tmp))
+            opts, raw, search = _search(src, prepared, name, inputs, opts, Path(tmp), _frame_size(preprocessor, inputs))
         else:
             raw = Path(tmp) / "quantized.onnx"
             _quantize_static(prepared, raw, name, inputs, opts, RangeCache(prepared, name, inputs, Path(tmp)))
@@ -247,14 +247,20 @@ class _Trial:
 
     @classmethod
     def of(  # noqa: PLR0917  (the prepared model and its surroundings)
-        cls, src: Path, prepared: Path, name: str, inputs: list[Tensor], opts: QuantizeOptions, tmp: Path
+        cls,
+        src: Path,
+        prepared: Path,
+        name: str,
+        inputs: list[Tensor],
+        opts: QuantizeOptions,
+        tmp: Path,
+        size: tuple[int, int],
     ) -> _Trial:
         calib, held = split_held_out(inputs)
         parent = recipes.session(src)
         reference = recipes.outputs(parent, name, held)
         names = [o.name for o in parent.get_outputs()]
         shapes = [list(o.shape) for o in parent.get_outputs()]
-        size = (int(held[0].shape[-1]), int(held[0].shape[-2]))
         metadata = dict(parent.get_modelmeta().custom_metadata_map)
         task, detector = task_judge(opts.judge(), names, shapes, metadata, size, reference[0])
         ranges = RangeCache(prepared, name, calib, tmp)
@@ -277,8 +283,22 @@ class _Trial:
         return r, path, judge(self.names, self.reference, outs, judging, self.opts.gates, self.detector)
 
 
+def _frame_size(preprocessor: Preprocessor | None, inputs: list[Tensor]) -> tuple[int, int]:
+    """The model input's width and height, as the decoders see them: from the preprocessing (the pipeline's
+    config, NHWC or NCHW), else from ready NCHW tensors."""
+    if preprocessor is not None:
+        return preprocessor.spec.size
+    return int(inputs[0].shape[-1]), int(inputs[0].shape[-2])
+
+
 def _search(  # noqa: PLR0917  (the prepared model and its surroundings)
-    src: Path, prepared: Path, name: str, inputs: list[Tensor], opts: QuantizeOptions, tmp: Path
+    src: Path,
+    prepared: Path,
+    name: str,
+    inputs: list[Tensor],
+    opts: QuantizeOptions,
+    tmp: Path,
+    size: tuple[int, int],
 ) -> tuple[QuantizeOptions, Path, dict[str, Any]]:
     """Quantize with every candidate recipe, judge each on held-out frames and time it beside fp32; when the
     fastest fails the gates, try it again with its noisiest tensors in float. Return the fastest that passes.
@@ -286,7 +306,7 @@ def _search(  # noqa: PLR0917  (the prepared model and its surroundings)
     none passes."""
     started = time.monotonic()
     target = recipes.resolve_target(opts.target)
-    trial = _Trial.of(src, prepared, name, inputs, opts, tmp)
+    trial = _Trial.of(src, prepared, name, inputs, opts, tmp, size)
     tried = [t for r in recipes.candidates(target) if (t := trial.run(r)) is not None]
     if not tried:
         raise ToolError(
