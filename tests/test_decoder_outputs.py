@@ -139,3 +139,20 @@ def test_quantize_takes_an_nhwc_model_s_frame_size_from_the_pipeline(tmp_path: P
     assert "shaped like" not in done.stderr
     assert done.returncode == 0, done.stderr[-2000:]
     assert out.exists()
+
+
+def test_validate_and_bench_take_an_nhwc_model_from_the_pipeline_config(tmp_path: Path) -> None:
+    model = face_like_model(tmp_path / "face.onnx")
+    path = config(tmp_path, model, {"type": "segment", "output": "faces"}, NHWC)
+    frames = save_frames(tmp_path / "f.npz", np.random.default_rng(3).integers(0, 255, (8, 48, 64, 3), np.uint8))
+    tools = {
+        "validate": ["validate", str(model), str(model), "--data", str(frames), "--config", str(path)],
+        "bench": ["bench", str(model), "--config", str(path), "--runs", "10"],
+    }
+    said = {}
+    for tool, args in tools.items():
+        done = subprocess.run([sys.executable, "-m", "edged", *args], capture_output=True, text=True, check=False,
+                              timeout=300)  # fmt: skip
+        assert done.returncode == 0, (tool, done.stderr[-2000:])
+        said[tool] = done.stdout
+    assert "PASS mask IoU" in said["validate"]  # judged by the pipeline's own decode, at its NHWC input size
