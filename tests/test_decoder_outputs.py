@@ -14,14 +14,17 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+import third_party as tp
 from conftest import base_config, write_config
 from onnx import TensorProto, helper, numpy_helper
 
+import edged
 from edged.config import load_config
 from edged.core.errors import ConfigError
 from edged.ops.checkconfig import check_config
 from edged.pipeline.frametap import save_frames
 from edged.pipeline.model import prepare_model
+from edged.tools.inspect import inspect_model
 
 
 def _save(graph: onnx.GraphProto, path: Path) -> Path:
@@ -156,3 +159,23 @@ def test_validate_and_bench_take_an_nhwc_model_from_the_pipeline_config(tmp_path
         assert done.returncode == 0, (tool, done.stderr[-2000:])
         said[tool] = done.stdout
     assert "PASS mask IoU" in said["validate"]  # judged by the pipeline's own decode, at its NHWC input size
+
+
+def test_inspect_proposes_what_fits_or_says_it_cannot_tell(tmp_path: Path) -> None:
+    digits = inspect_model(Path(edged.__file__).parent / "assets" / "digits.int8.onnx")["proposal"]
+    assert digits["postprocess"] == {"type": "classify"}  # one family, one output: a proposal
+    assert digits["preprocess"] is None  # the model carries its preprocessing
+    heads = inspect_model(heads_model(tmp_path / "heads.onnx"))["proposal"]
+    assert heads["preprocess"] == {"layout": "nchw", "size": [8, 8]}
+    # classify could read any of its three heads (and detect's `boxes` reading is not excluded by shapes alone):
+    # never a proposal that picks one of them
+    assert heads["postprocess"] in (None, {"type": "classify"})
+    assert any("classify" in d and ("could each read" in d or "name one" in d) for d in heads["decide"])
+    face = inspect_model(face_like_model(tmp_path / "face.onnx"))["proposal"]
+    assert face["preprocess"] == {"layout": "nhwc"}  # the channels are last; the size is the user's
+    assert any(d.startswith("preprocess.size: the model's height and width are dynamic") for d in face["decide"])
+    assert face["postprocess"] is None
+    assert any(d.startswith("cannot tell:") for d in face["decide"])
+    u2net = inspect_model(tp.package_dir("rembg") / "u2netp.onnx")["proposal"]
+    assert u2net["postprocess"] is None  # a salient-object map reads as boxes too: edged does not pick
+    assert any("could each read these outputs" in d for d in u2net["decide"])

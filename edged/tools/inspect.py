@@ -13,6 +13,7 @@ import onnxruntime as ort
 from edged.core.errors import ToolError
 from edged.model.session import file_sha256, load_problem
 from edged.tools.common import available_providers, check_model_file, human_bytes, require_onnx, stdout_console
+from edged.tools.propose import propose
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ def inspect_model(path: Path) -> dict[str, Any]:
         "warnings": [],
     }
     report["dynamic"] = any(d is None or isinstance(d, str) for io in report["inputs"] for d in io["shape"])
+    raw_metadata = {p.key: p.value for p in model.metadata_props}
+    report["proposal"] = propose(report["inputs"], report["outputs"], raw_metadata) if loads else None
     report["warnings"] = _warnings(report)
     return report
 
@@ -220,3 +223,21 @@ def render_inspect(report: dict[str, Any]) -> None:
         console.print(meta)
     for warning in report["warnings"]:
         console.print(f"[yellow]note:[/] {warning}")
+    _render_proposal(report.get("proposal"), console)
+
+
+def _render_proposal(proposal: dict[str, Any] | None, console: Any) -> None:
+    """The sections that fit, as a config snippet, and what the user must decide."""
+    if proposal is None:
+        return
+    lines = []
+    for section in ("preprocess", "postprocess"):
+        keys = proposal[section]
+        if keys:
+            body = ", ".join(f"{k}: {json.dumps(v)}" for k, v in keys.items())
+            lines.append(f"    {section}: {{{body}}}")
+    if lines:
+        console.print("[bold]proposed[/] (pipeline keys that fit this model):")
+        console.print("\n".join(lines), markup=False, highlight=False)
+    for line in proposal["decide"]:
+        console.print(f"[yellow]decide:[/] {line}", markup=True, highlight=False)
