@@ -179,3 +179,13 @@ def test_inspect_proposes_what_fits_or_says_it_cannot_tell(tmp_path: Path) -> No
     u2net = inspect_model(tp.package_dir("rembg") / "u2netp.onnx")["proposal"]
     assert u2net["postprocess"] is None  # a salient-object map reads as boxes too: edged does not pick
     assert any("could each read these outputs" in d for d in u2net["decide"])
+
+
+def test_a_box_regression_read_as_boxes_is_refused_not_published(tmp_path: Path) -> None:
+    """detect on the face detector's raw outputs read its per-cell regression as corners: 29-51 boxes a frame,
+    piled in the top-left corner, on frames without a face. Boxes must be boxes: refused, format auto or not."""
+    model = face_like_model(tmp_path / "face.onnx")
+    for post in ({"type": "detect"}, {"type": "detect", "format": "boxes"}):
+        said = refusal(config(tmp_path, model, post, NHWC))
+        assert "what the model gives as boxes is not boxes" in said
+        assert "x2 < x1 or y2 < y1" in said

@@ -275,8 +275,11 @@ class Detect:
                 raise ModelError(
                     f"detect: a boxes output must be [N, 6] (x1, y1, x2, y2, score, class), got {list(a.shape)}"
                 )
+            check_boxes(a[:, :4])
             return Candidates(a[:, :4].copy(), a[:, 4].copy(), a[:, 5].astype(np.int64))
         boxes, scores, classes, count, rest = self._split_outputs(outputs)
+        if boxes is not None:
+            check_boxes(boxes)
         if scores is None and rest:
             scores = rest.pop(0).astype(np.float32)
         if boxes is not None and scores is not None and scores.ndim >= 2 and scores.shape[-1] > 1:
@@ -358,6 +361,26 @@ def _check_forced_format(cfg: DetectConfig, output_shapes: list[list[Any]]) -> N
             f"postprocess.format {cfg.format} does not fit the head {output_shapes[0]}: {cfg.format} heads are "
             f"[1, N, 5 + classes]; this one is channels-first [1, 4 + classes, N] like YOLOv8 / YOLO11 "
             "export: set format: yolov8 (or auto)"
+        )
+
+
+UNORDERED_MAX = 0.05  # boxes read from a `boxes` output whose corners are out of order, at most this share
+
+
+def check_boxes(boxes: Array) -> None:
+    """Boxes must be boxes: what a model gives as decoded boxes has x1 <= x2 and y1 <= y2 (rows of zeros, the
+    padding of a fixed-size output, aside). A per-cell box regression or an SSD's undecoded `loc` (offsets
+    around zero, read as corners) has them out of order about half the time: ModelError, not published. Checked
+    on check-config's synthetic frame and on every frame (a vectorized comparison)."""
+    used = boxes[np.isfinite(boxes).all(axis=1) & np.any(boxes != 0, axis=1)]
+    if used.shape[0] == 0:
+        return
+    unordered = int(np.count_nonzero((used[:, 2] < used[:, 0]) | (used[:, 3] < used[:, 1])))
+    if unordered > UNORDERED_MAX * used.shape[0]:
+        raise ModelError(
+            f"detect: what the model gives as boxes is not boxes: {unordered} of {used.shape[0]} have x2 < x1 or "
+            "y2 < y1 (a box regression around zero, or an undecoded anchor/prior output): export the model with "
+            "its box decoding (and NMS), use its family's decoder, or write a plugin (docs/models.md)"
         )
 
 
