@@ -1,6 +1,8 @@
 """A real RTSP camera for the tests: GStreamer's RTSP server (Debian's gir1.2-gst-rtsp-server-1.0, driven from
 the system python3 with PyGObject; `scripts/setup dev` installs them). It serves the frames of a video as
-Motion JPEG (RTP/JPEG) at rtsp://127.0.0.1:PORT/cam, looping, optionally behind Basic authentication.
+Motion JPEG (RTP/JPEG) at rtsp://127.0.0.1:PORT/cam, looping, optionally behind Basic authentication; with
+RTSP_CODEC=h264 (or h265) as an IP camera sends it (x264enc / x265enc, gstreamer1.0-plugins-ugly / -bad);
+with RTSP_TRANSPORTS=tcp (or udp) it offers that RTSP transport alone.
 
     /usr/bin/python3 tests/rtsp_server.py PORT FRAMES_DIR FPS [USER PASSWORD]
 
@@ -20,7 +22,18 @@ import gi
 
 gi.require_version("Gst", "1.0")
 gi.require_version("GstRtspServer", "1.0")
-from gi.repository import GLib, Gst, GstRtspServer  # noqa: E402
+gi.require_version("GstRtsp", "1.0")
+from gi.repository import GLib, Gst, GstRtsp, GstRtspServer  # noqa: E402
+
+# what IP cameras send: Motion JPEG, or H.264 / H.265 with a key frame every second and no B-frames (a
+# camera's low-latency profile), one parameter set per key frame so a reader that joins late can decode
+ENCODERS = {
+    "mjpeg": "rtpjpegpay name=pay0 pt=26",
+    "h264": "jpegdec ! videoconvert ! x264enc tune=zerolatency speed-preset=ultrafast key-int-max={fps} "
+    "! video/x-h264,profile=main ! rtph264pay name=pay0 pt=96 config-interval=1",
+    "h265": "jpegdec ! videoconvert ! x265enc tune=zerolatency speed-preset=ultrafast key-int-max={fps} "
+    "! rtph265pay name=pay0 pt=96 config-interval=1",
+}
 
 
 def main() -> None:
@@ -32,9 +45,10 @@ def main() -> None:
     factory = GstRtspServer.RTSPMediaFactory()
     # the video's frames pushed in real time (a camera's pace: multifilesrc alone would push them as fast
     # as it can), each stamped when it is pushed
+    codec = os.environ.get("RTSP_CODEC", "mjpeg")
     factory.set_launch(
         f"( appsrc name=src is-live=true do-timestamp=true format=time caps=image/jpeg,framerate={fps}/1 "
-        "! jpegparse ! rtpjpegpay name=pay0 pt=26 )"
+        f"! jpegparse ! {ENCODERS[codec].format(fps=fps)} )"
     )
     jpegs = [p.read_bytes() for p in sorted(Path(frames).glob("*.jpg"))]
     logged = os.environ.get("RTSP_PUSH_LOG")
@@ -54,6 +68,9 @@ def main() -> None:
         GLib.timeout_add(max(1, 1000 // fps), push)
 
     factory.connect("media-configure", configure)
+    only = os.environ.get("RTSP_TRANSPORTS")  # "tcp" or "udp": the one RTSP transport this camera offers
+    if only:
+        factory.set_protocols({"tcp": GstRtsp.RTSPLowerTrans.TCP, "udp": GstRtsp.RTSPLowerTrans.UDP}[only])
     factory.set_shared(True)
     if len(sys.argv) > 5:
         auth = GstRtspServer.RTSPAuth()

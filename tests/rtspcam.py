@@ -28,6 +28,8 @@ class RtspCamera:
     password: str | None = None
     port: int = field(default_factory=free_port)
     push_log: Path | None = None  # the server appends "FRAME UNIX_TIME" per frame pushed (tests/rtsp_server.py)
+    codec: str = "mjpeg"  # or h264, h265: what IP cameras send (tests/rtsp_server.py's ENCODERS)
+    transports: str | None = None  # "tcp" or "udp": the one RTSP transport it offers (None: both)
     proc: subprocess.Popen[str] | None = None
 
     def __post_init__(self) -> None:
@@ -56,7 +58,13 @@ class RtspCamera:
         args = [SYSTEM_PYTHON, str(SERVER), str(self.port), str(self.frames), str(self.fps)]
         if self.user is not None and self.password is not None:
             args += [self.user, self.password]
-        env = {**os.environ, "RTSP_PUSH_LOG": str(self.push_log)} if self.push_log else None
+        env = {
+            **os.environ,
+            "RTSP_CODEC": self.codec,
+            **({"RTSP_TRANSPORTS": self.transports} if self.transports else {}),
+        }
+        if self.push_log:
+            env["RTSP_PUSH_LOG"] = str(self.push_log)
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +25,7 @@ from edged.core.settings import Strict, check_order, from_config_dir
 from edged.core.stats import PipelineStats
 
 log = logging.getLogger(__name__)
+STALL_SHARE = 0.9  # a read that blocked this share of stall_s met the read timeout: the stream stalled
 
 
 class CameraSourceConfig(Strict):
@@ -62,6 +65,11 @@ class CameraSourceConfig(Strict):
         "and status says so (OpenCV's FFmpeg read timeout).",
     )
     open_timeout_s: float = Field(10.0, gt=0, description="How long opening a stream may take before it is retried.")
+    transport: Literal["auto", "tcp", "udp"] = Field(
+        "auto",
+        description="RTSP transport: auto (FFmpeg's: UDP, then TCP when UDP gets nothing), tcp (interleaved in the "
+        "RTSP connection: through NAT and firewalls, no lost packets) or udp (lowest latency on a clean LAN).",
+    )
     stop_at_end: bool = Field(
         False,
         description="A video file that ends stops this pipeline instead of being reopened "
@@ -112,6 +120,27 @@ def has_backend(name: str) -> bool:
     return re.search(pattern, cv2.getBuildInformation(), re.MULTILINE) is not None
 
 
+FFMPEG_OPTIONS = "OPENCV_FFMPEG_CAPTURE_OPTIONS"  # read by OpenCV at each open: key;value pairs joined by |
+_OPTIONS_LOCK = threading.Lock()  # the variable is the process's: one stream opens with its options at a time
+
+
+def _open_stream(uri: str, timeouts: list[int], transport: str) -> Any:
+    """An FFmpeg stream, with the source's own RTSP transport (OpenCV takes FFmpeg's options only from the
+    environment, read when a capture opens: set for this open alone, the operator's own options kept)."""
+    if transport == "auto" or not uri.lower().startswith(("rtsp://", "rtsps://")):
+        return cv2.VideoCapture(uri, cv2.CAP_FFMPEG, timeouts)
+    with _OPTIONS_LOCK:
+        before = os.environ.get(FFMPEG_OPTIONS)
+        os.environ[FFMPEG_OPTIONS] = "|".join(filter(None, [before, f"rtsp_transport;{transport}"]))
+        try:
+            return cv2.VideoCapture(uri, cv2.CAP_FFMPEG, timeouts)
+        finally:
+            if before is None:
+                os.environ.pop(FFMPEG_OPTIONS, None)
+            else:
+                os.environ[FFMPEG_OPTIONS] = before
+
+
 def open_capture(cfg: CameraSourceConfig) -> Any:
     """Open a cv2.VideoCapture for the config; the caller checks isOpened()."""
     uri = cfg.uri
@@ -129,7 +158,7 @@ def open_capture(cfg: CameraSourceConfig) -> Any:
             cv2.CAP_PROP_READ_TIMEOUT_MSEC,
             int(cfg.stall_s * 1000),
         ]
-        cap = cv2.VideoCapture(str(uri), cv2.CAP_FFMPEG, timeouts)
+        cap = _open_stream(str(uri), timeouts, cfg.transport)
     else:
         cap = cv2.VideoCapture(str(uri))
     if cap.isOpened() and kind == "device":
@@ -235,7 +264,7 @@ class CameraSource(Source):
     def _read_failure(self) -> str:
         """Why the read loop ended on a live source: a stall (no frame for stall_s), or a read error."""
         gap = time.monotonic() - self._last_frame_mono
-        if self.kind == "stream" and gap >= self.cfg.stall_s * 0.9:
+        if self.kind == "stream" and gap >= self.cfg.stall_s * STALL_SHARE:
             return f"stalled: no frame for {gap:.1f} s"
         return "read failed"
 
@@ -248,8 +277,16 @@ class CameraSource(Source):
         return Frame(image, ts, index, tensor, (time.perf_counter() - t0) * 1e3, token)
 
     def _read(self, cap: Any) -> tuple[bool, Any]:
-        """One frame (a stream's read gives up after stall_s); remembers when the last one came."""
+        """One frame (a stream's read gives up after stall_s); remembers when the last one came.
+
+        A stream's read that blocked for stall_s is a stall even when it returns a frame: with H.264 or H.265,
+        FFmpeg's read timeout hands out a frame its decoder buffered before the freeze, once per timeout, and
+        fails only at the third (a frozen camera looked alive for 3 x stall_s, its old frames published as
+        new). Such a frame is not fresh: it is dropped, and the stream is reopened as stalled."""
+        started = time.monotonic()
         ok, image = cap.read()
+        if self.kind == "stream" and time.monotonic() - started >= self.cfg.stall_s * STALL_SHARE:
+            return False, None
         if ok and image is not None:
             self._last_frame_mono = time.monotonic()
         return bool(ok), image
