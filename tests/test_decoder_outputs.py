@@ -16,11 +16,12 @@ import onnx
 import pytest
 import third_party as tp
 from conftest import base_config, write_config
+from detect_models import make_detector
 from onnx import TensorProto, helper, numpy_helper
 
 import edged
 from edged.config import load_config
-from edged.core.errors import ConfigError
+from edged.core.errors import ConfigError, ModelError
 from edged.ops.checkconfig import check_config
 from edged.pipeline.frametap import save_frames
 from edged.pipeline.model import prepare_model
@@ -189,3 +190,20 @@ def test_a_box_regression_read_as_boxes_is_refused_not_published(tmp_path: Path)
         said = refusal(config(tmp_path, model, post, NHWC))
         assert "what the model gives as boxes is not boxes" in said
         assert "x2 < x1 or y2 < y1" in said
+
+
+def test_a_class_beyond_the_labels_is_never_published_as_a_bare_number(tmp_path: Path) -> None:
+    """A box model whose graph gives class 2 ("dog") with two labels configured: the detection is never published
+    as label "2"; check-config's synthetic frame already shows it, and the model is refused."""
+    model = make_detector(tmp_path / "boxes.onnx", "boxes")
+    path = config(tmp_path, model, {"type": "detect", "format": "boxes", "labels": ["person", "car"]})
+    assert "the model gave classes [2] beyond its 2 labels" in refusal(path)
+    cfg = load_config(path)
+    with pytest.raises(ModelError, match=r"classes \[2\] beyond its 2 labels"):
+        prepare_model(cfg.pipelines[0], cfg.state_dir, cores=1)  # what `run` does: refused the same way
+    white = np.full((64, 64, 3), 255, np.uint8)  # the detector's scene: a person, a car and two dogs
+    three = config(tmp_path, model, {"type": "detect", "format": "boxes", "labels": ["person", "car", "dog"]})
+    cfg = load_config(three)
+    prepared = prepare_model(cfg.pipelines[0], cfg.state_dir, cores=1)
+    result = prepared.post(prepared.loaded.run(prepared.pre(white)), prepared.pre.geometry(64, 64))  # type: ignore[union-attr]
+    assert {d["label"] for d in result["detections"]} <= {"person", "car", "dog"}

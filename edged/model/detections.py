@@ -177,11 +177,17 @@ class Finisher:
         return {"detections": self._entries(cands), "frame": {"w": geometry.width, "h": geometry.height}}
 
     def _entries(self, cands: Candidates) -> list[dict[str, Any]]:
+        if self.labels and cands.classes.size and (cands.classes.min() < 0 or cands.classes.max() >= len(self.labels)):
+            beyond = sorted({int(c) for c in cands.classes if not 0 <= c < len(self.labels)})[:5]
+            raise ModelError(  # a bare number is no label: the reading is wrong, refused rather than published
+                f"the model gave classes {beyond} beyond its {len(self.labels)} labels; check postprocess.labels "
+                "and postprocess.format"
+            )
         out = []
         for i in range(cands.boxes.shape[0]):
             c = int(cands.classes[i])
             entry: dict[str, Any] = {
-                "label": self.labels[c] if self.labels and 0 <= c < len(self.labels) else str(c),
+                "label": self.labels[c] if self.labels else str(c),
                 "index": c,
                 "score": round(float(cands.scores[i]), 4),
                 "box": [round(float(v), 1) for v in cands.boxes[i]],
