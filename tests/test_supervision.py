@@ -17,21 +17,37 @@ class Flaky(Supervised):
     """Dies `deaths` times, then works until stopped."""
 
     def __init__(self, deaths: int, restart: Restart | None = QUICK) -> None:
-        super().__init__("edged-flaky", restart=restart)
+        super().__init__("edged-flaky", restart=restart, on_death=self._note)
+        self.said_at_death: list[str | None] = []  # what status said the moment each death was reported
         self.left = deaths
         self.runs = 0
         self.halt = threading.Event()
+        self.kill = threading.Event()  # one more death, later
+        self.wake = threading.Event()
 
     def body(self) -> None:
         self.runs += 1
         if self.left > 0:
             self.left -= 1
             raise RuntimeError(f"bug {self.left}")
-        self.halt.wait()
+        while not self.halt.is_set():
+            self.wake.wait()  # asleep until stopped or killed
+            self.wake.clear()
+            if self.kill.is_set():
+                self.kill.clear()
+                raise RuntimeError("again")
+
+    def _note(self, _why: str) -> None:
+        self.said_at_death.append(self.trouble())
+
+    def die_again(self) -> None:
+        self.kill.set()
+        self.wake.set()
 
     def stop(self) -> None:
         self.end_restarts()
         self.halt.set()
+        self.wake.set()
         self.join(5)
 
 
@@ -47,6 +63,9 @@ def test_a_thread_that_heals_runs_again_and_status_names_it_until_it_ran_cleanly
         wait_for(lambda: thread.trouble() is None, 10, "healed after a clean run")
         assert thread.restarts == 1
         assert thread.is_alive()
+        thread.die_again()  # healed, then dead again: named again, not taken for healed
+        wait_for(lambda: len(thread.said_at_death) == 2, 10, "the second death")
+        assert thread.said_at_death[1] == "thread edged-flaky restarting after: RuntimeError: again"
     finally:
         thread.stop()
     assert not thread.is_alive()

@@ -105,6 +105,7 @@ class Supervised(threading.Thread):
             self.body()
         except BaseException as exc:
             self.death = f"{type(exc).__name__}: {exc}"
+            self._back_since = None  # not back until it runs again (a healed thread that dies is not healed)
             now = time.monotonic()
             window = self.restart.loop_window_s if self.restart else 0.0
             self._deaths = [t for t in self._deaths if now - t < window] + [now]
