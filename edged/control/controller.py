@@ -97,7 +97,7 @@ class Controller(Supervised, Hook):
         self, cfg: ControlConfig, device_id: str, state_dir: Path, *, target: ControlTarget, side: SideSender | None
     ) -> None:
         # restarts after a death: the queue, the gate and its nonces are the object's, so a new body goes on
-        # where the old one stopped (a command that killed it was answered `failed` by _handle first)
+        # where the old one stopped (_handle answers any one message's failure as `internal`: a death is a bug)
         super().__init__("edged-control", restart=Restart())
         self.cfg = cfg
         self.device_id = device_id
@@ -167,7 +167,7 @@ class Controller(Supervised, Hook):
                 if answer:
                     self._busy_answered = now
             log.warning("control: %d commands wait already; one on %s refused (busy)", QUEUE_MAX, topic)
-            if answer:  # unread (reading it is what is overloaded): no id to echo, the topic names the command
+            if answer:  # unread (reading it is what is overloaded): no id to echo
                 self._answer(None, None, None, ok=False, reason="busy",
                              detail=f"{QUEUE_MAX} commands wait already; send it again later")  # fmt: skip
 

@@ -105,8 +105,9 @@ def _batch(
     for p in parsed:
         if p.refused is not None:
             payload = p.item.payload
-            quarantine.append(QuarantineRow(now, p.item.topic, p.device, p.refused[0], p.refused[1][:500],
-                                            len(payload), payload[:QUARANTINE_KEEP_BYTES]))  # fmt: skip
+            detail = p.refused[1][:500].replace("\x00", "\\0")  # text columns: no NUL (PostgreSQL refuses it)
+            quarantine.append(QuarantineRow(now, p.item.topic, p.device, p.refused[0], detail, len(payload),
+                                            payload[:QUARANTINE_KEEP_BYTES]))  # fmt: skip
             continue
         for row in p.rows:
             rows[(row.device, row.pipeline, row.seq)] = row  # the same result twice in one batch: once
