@@ -341,7 +341,7 @@ def test_poison_messages_are_quarantined_acknowledged_and_ingest_goes_on(
     again = start_ingest(db_url, **session)
     device.send_results(dev, "cam0", [3])
     wait_for(lambda: again.snapshot()["inserted"] == 1, 30, "the next result")
-    assert again.snapshot()["malformed"] == 0
+    assert again.snapshot()["malformed"] == 0, json.dumps([ingest.snapshot(), again.snapshot()])
     report = build_report(again.db)
     entry = next(d for d in report["devices"] if d["device"] == dev)
     assert sum(entry["quarantined"].values()) == len(poison)  # --report counts them for the device

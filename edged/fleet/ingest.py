@@ -38,6 +38,7 @@ from edged.uplink.mqttclient import BrokerAccess, make_client
 log = logging.getLogger(__name__)
 
 LOG_EVERY_S = 10.0
+DISCONNECT_WAIT_S = 5.0  # at a stop, the queued PUBACKs and the DISCONNECT are written within this
 
 
 @dataclass
@@ -138,6 +139,7 @@ class Ingest:
         self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=opts.receive_max + 16)
         self._generation = 0
         self._connected = threading.Event()
+        self._closed = threading.Event()  # paho closed the connection (after writing what was queued)
         self._stopping = threading.Event()
         self._password = read_secret(opts.password_file, "MQTT password file") if opts.password_file else None
         self.client = self._new_client()
@@ -210,6 +212,7 @@ class Ingest:
 
     def _on_disconnect(self, _c: paho.Client, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
         self._connected.clear()
+        self._closed.set()
         if not self._stopping.is_set():
             self._note_error(f"disconnected from {self.opts.host}:{self.opts.port}: {reason}")
 
@@ -254,7 +257,12 @@ class Ingest:
         if self.writer.is_alive():
             self._queue.put(None)
             self.writer.join(timeout)
-        self.client.disconnect()
+        # the PUBACKs of the last batch are queued in paho before the DISCONNECT: wait until it went (paho writes
+        # in order, then calls on_disconnect), or stopping paho's loop first drops them and the broker sends the
+        # whole batch again to the next ingest of this session
+        self._closed.clear()
+        if self.client.disconnect() == paho.MQTT_ERR_SUCCESS:
+            self._closed.wait(DISCONNECT_WAIT_S)
         self.client.loop_stop()
         log.info("ingest: stopped: %s", json.dumps(self.snapshot()))
 
