@@ -100,13 +100,18 @@ def test_the_rtsp_transport_is_the_source_s_own(tmp_path: Path, offered: str) ->
     cam.start()
     try:
         for transport in ("tcp", "udp", "auto"):
-            cfg = CameraSourceConfig(type="camera", uri=cam.url(), transport=transport, open_timeout_s=3.0, stall_s=3.0)
+            works = transport in (offered, "auto")
+            # where it works it opens at once; the generous limits are for a loaded machine (auto tries UDP
+            # first), and a frame lost on the way is no failure: one frame read is the proof
+            wait = 20.0 if works else 3.0
+            cfg = CameraSourceConfig(type="camera", uri=cam.url(), transport=transport, open_timeout_s=wait,
+                                     stall_s=wait)  # fmt: skip
             cap = open_capture(cfg)
             try:
-                read = cap.isOpened() and all(cap.read()[0] for _ in range(5))
+                read = cap.isOpened() and any(cap.read()[0] for _ in range(10))
             finally:
                 cap.release()
-            assert read is (transport in (offered, "auto")), (offered, transport)
+            assert read is works, (offered, transport)
         assert "OPENCV_FFMPEG_CAPTURE_OPTIONS" not in os.environ  # set for each open alone
     finally:
         cam.stop()
