@@ -91,6 +91,15 @@ def test_a_frozen_h264_or_h265_camera_is_seen_within_the_stall_timeout(
         cam.stop()
 
 
+def _reads(cfg: CameraSourceConfig) -> bool:
+    """Whether the stream opens and gives a frame within ten reads."""
+    cap = open_capture(cfg)
+    try:
+        return bool(cap.isOpened() and any(cap.read()[0] for _ in range(10)))
+    finally:
+        cap.release()
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("offered", ["tcp", "udp"])
 def test_the_rtsp_transport_is_the_source_s_own(tmp_path: Path, offered: str) -> None:
@@ -106,11 +115,9 @@ def test_the_rtsp_transport_is_the_source_s_own(tmp_path: Path, offered: str) ->
             wait = 20.0 if works else 3.0
             cfg = CameraSourceConfig(type="camera", uri=cam.url(), transport=transport, open_timeout_s=wait,
                                      stall_s=wait)  # fmt: skip
-            cap = open_capture(cfg)
-            try:
-                read = cap.isOpened() and any(cap.read()[0] for _ in range(10))
-            finally:
-                cap.release()
+            # edged reopens a stream that did not open; so does the test where the transport works (a loaded
+            # machine's UDP setup failed at once now and then: FFmpeg's client ports)
+            read = any(_reads(cfg) for _ in range(3 if works else 1))
             assert read is works, (offered, transport)
         assert "OPENCV_FFMPEG_CAPTURE_OPTIONS" not in os.environ  # set for each open alone
     finally:
