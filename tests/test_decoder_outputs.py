@@ -15,13 +15,16 @@ import numpy as np
 import onnx
 import pytest
 import third_party as tp
-from conftest import base_config, write_config
+from conftest import base_config, make_video, write_config
 from detect_models import make_detector
+from inprocess import results
 from onnx import TensorProto, helper, numpy_helper
 
 import edged
 from edged.config import load_config
-from edged.core.errors import ConfigError, ModelError
+from edged.core.errors import ConfigError, ModelError, RefusedResultError
+from edged.daemon import Daemon
+from edged.model.outputcheck import OutputShapes
 from edged.ops.checkconfig import check_config
 from edged.pipeline.frametap import save_frames
 from edged.pipeline.model import prepare_model
@@ -178,8 +181,8 @@ def test_inspect_proposes_what_fits_or_says_it_cannot_tell(tmp_path: Path) -> No
     assert face["postprocess"] is None
     assert any(d.startswith("cannot tell:") for d in face["decide"])
     u2net = inspect_model(tp.package_dir("rembg") / "u2netp.onnx")["proposal"]
-    assert u2net["postprocess"] is None  # a salient-object map reads as boxes too: edged does not pick
-    assert any("could each read these outputs" in d for d in u2net["decide"])
+    assert u2net["postprocess"] is None  # a one-channel map reads as a text map too: edged does not pick
+    assert any("segment, text could each read these outputs" in d for d in u2net["decide"])
 
 
 def test_a_box_regression_read_as_boxes_is_refused_not_published(tmp_path: Path) -> None:
@@ -188,8 +191,8 @@ def test_a_box_regression_read_as_boxes_is_refused_not_published(tmp_path: Path)
     model = face_like_model(tmp_path / "face.onnx")
     for post in ({"type": "detect"}, {"type": "detect", "format": "boxes"}):
         said = refusal(config(tmp_path, model, post, NHWC))
-        assert "what the model gives as boxes is not boxes" in said
-        assert "x2 < x1 or y2 < y1" in said
+        assert "not a list of boxes [1, N, 4] (a per-cell box regression before its decode" in said
+        assert "export the model with its box decoding" in said  # what to do instead
 
 
 def test_a_class_beyond_the_labels_is_never_published_as_a_bare_number(tmp_path: Path) -> None:
@@ -207,3 +210,72 @@ def test_a_class_beyond_the_labels_is_never_published_as_a_bare_number(tmp_path:
     prepared = prepare_model(cfg.pipelines[0], cfg.state_dir, cores=1)
     result = prepared.post(prepared.loaded.run(prepared.pre(white)), prepared.pre.geometry(64, 64))  # type: ignore[union-attr]
     assert {d["label"] for d in result["detections"]} <= {"person", "car", "dog"}
+
+
+def red_means_dog_model(path: Path) -> Path:
+    """A decoded-boxes detector ([1, 1, 6]: x1, y1, x2, y2, score, class) that names class 2 on a frame whose red
+    channel is full and class 0 otherwise: check-config's noise frame (red about half) passes; a red frame at run
+    time gives a class beyond two labels."""
+    x = helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 64, 64])
+    out = helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, 1, 6])
+    init = [
+        numpy_helper.from_array(np.asarray([[10, 10, 30, 30, 0.9]], np.float32), "box"),
+        numpy_helper.from_array(np.asarray([0], np.int64), "c0"),
+        numpy_helper.from_array(np.asarray([1], np.int64), "c1"),
+        numpy_helper.from_array(np.asarray([1], np.int64), "axis"),
+        numpy_helper.from_array(np.asarray(0.9, np.float32), "full"),
+        numpy_helper.from_array(np.asarray(2.0, np.float32), "two"),
+        numpy_helper.from_array(np.asarray([1, 1, 6], np.int64), "shape"),
+    ]
+    nodes = [
+        helper.make_node("Slice", ["image", "c0", "c1", "axis"], ["red"]),
+        helper.make_node("ReduceMean", ["red"], ["mean"], axes=[2, 3], keepdims=0),  # [1, 1]
+        helper.make_node("Greater", ["mean", "full"], ["is_red"]),
+        helper.make_node("Cast", ["is_red"], ["flag"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["flag", "two"], ["cls"]),
+        helper.make_node("Concat", ["box", "cls"], ["row"], axis=1),
+        helper.make_node("Reshape", ["row", "shape"], ["output0"]),
+    ]
+    return _save(helper.make_graph(nodes, "reddog", [x], [out], initializer=init), path)
+
+
+def test_a_result_that_does_not_fit_at_run_time_is_refused_and_the_pipeline_goes_on(tmp_path: Path) -> None:
+    """Labels are a contract at run time too: a red frame's class 2 with two labels is not published as "2" (nor
+    at all); it is counted, status is degraded and says why, and the frames before and after it are published
+    with unbroken seqs; the pipeline ends as its file ends, not failed."""
+    model = red_means_dog_model(tmp_path / "reddog.onnx")
+    video = make_video(tmp_path / "v.mp4", 12)  # red, green, blue, red, ...: 4 red frames of 12
+    data = base_config(tmp_path, model, str(video))
+    data["pipelines"][0]["preprocess"] = {"size": [64, 64], "resize": "stretch", "color": "rgb", "scale": 1 / 255}
+    data["pipelines"][0]["postprocess"] = {"type": "detect", "format": "boxes", "labels": ["person", "car"]}
+    path = write_config(tmp_path / "edged.yaml", data)
+    check_config(path)  # the noise frame names class 0: nothing to refuse yet
+    daemon = Daemon(load_config(path))
+    daemon.start()
+    daemon.wait()  # the file ended
+    snap = daemon.report.snapshot()
+    daemon.stop()
+    (p,) = snap["pipelines"]
+    assert p["state"] == "ended"  # not failed: the next frames went on
+    assert p["refused"] == 4
+    published = results(tmp_path / "state")
+    assert [m["seq"] for m in published] == list(range(1, 9))  # the 8 other frames, seqs unbroken
+    labels = {d["label"] for m in published for d in m["result"]["detections"]}
+    assert labels == {"person"}  # never "2"
+    assert snap["state"] == "degraded"
+    (line,) = [r for r in snap["reasons"] if "refused" in r]
+    assert line.startswith("pipeline cam0 refused 4 result(s) in the last 60 s, not published: ")
+    assert "classes [2] beyond its 2 labels" in line
+
+
+def test_an_output_whose_shape_changes_under_the_decoder_is_refused() -> None:
+    """The declared shapes are checked on every frame before a decoder reads them: another rank, or another size
+    where the model declares a fixed one, refuses that frame's result."""
+    shapes = OutputShapes(["scores", "boxes"], [[1, 10], ["N", 4]])
+    shapes.check([np.zeros((1, 10)), np.zeros((7, 4))])  # a dynamic count is the model's business
+    with pytest.raises(RefusedResultError, match=r"output scores is \[1, 12\] on this frame, not \[1, 10\]"):
+        shapes.check([np.zeros((1, 12)), np.zeros((7, 4))])
+    with pytest.raises(RefusedResultError, match=r"output boxes is \[7, 4, 1\] on this frame, not \['\?', 4\]"):
+        shapes.check([np.zeros((1, 10)), np.zeros((7, 4, 1))])
+    with pytest.raises(RefusedResultError, match="gave 1 outputs, not the 2"):
+        shapes.check([np.zeros((1, 10))])

@@ -19,6 +19,11 @@ class ModelError(EdgedError):
     """A model file is missing, malformed, or does not fit the pipeline's pre/postprocessing."""
 
 
+class RefusedResultError(ModelError):
+    """One frame's model outputs do not fit the decoder's reading (a shape, a class beyond the labels, boxes that
+    are not boxes): that frame's result is refused, counted and reported, never published."""
+
+
 class ProviderError(EdgedError):
     """The execution provider asked for is not available and the config requires it."""
 

@@ -11,8 +11,10 @@ from typing import Any
 import numpy as np
 
 from edged.core.histogram import Histogram
+from edged.core.recent import Recent
 
 WINDOW = 512  # latency samples kept per stage
+REFUSED_WINDOW_S = 60.0  # a pipeline is degraded while its decoder refused a result within this many seconds
 RATE_WINDOW_S = 10.0  # `published_per_s` is over the last this many seconds (or since the connection came up)
 
 
@@ -46,6 +48,9 @@ class PipelineStats:
     dropped_frames: int = 0
     reconnects: int = 0
     malformed: int = 0  # input lines/records a sensor source could not read and skipped
+    refused: int = 0  # results the decoder refused: outputs that do not fit its reading (never published)
+    refused_why: str | None = None  # the last refusal's reason
+    _refused_recent: Recent = field(default_factory=lambda: Recent(REFUSED_WINDOW_S), repr=False)
     # last sign of life: a result, a state change, a reconnect attempt (a live reconnect loop is progress)
     progress_mono: float = field(default_factory=time.monotonic)
     _stamps: deque[float] = field(default_factory=lambda: deque(maxlen=64), repr=False)
@@ -88,6 +93,21 @@ class PipelineStats:
         """`count` malformed input lines/records were skipped."""
         with self.lock:
             self.malformed += count
+
+    def count_refused(self, why: str) -> None:
+        """A frame's result was refused by its decoder (not published); a sign of life all the same."""
+        with self.lock:
+            self.refused += 1
+            self.refused_why = why
+            self.progress_mono = time.monotonic()
+            total = self.refused
+        self._refused_recent.note(total)
+
+    def refused_recently(self) -> tuple[int, str | None]:
+        """(results refused within the last REFUSED_WINDOW_S seconds, the last reason)."""
+        with self.lock:
+            why = self.refused_why
+        return self._refused_recent.growth(), why
 
     def record_result(self, pre_ms: float, infer_ms: float, post_ms: float, secondary_ms: float | None = None) -> None:
         """One frame went through the model (and the second models on its crops, when it has any)."""
@@ -183,6 +203,7 @@ class PipelineStats:
                 "dropped_frames": self.dropped_frames,
                 "reconnects": self.reconnects,
                 "malformed": self.malformed,
+                "refused": self.refused,
                 "provider": self.provider,
                 "model": {"name": self.model_name, "sha256": self.model_sha256, "int8": self.model_int8},
                 "latency_ms": {**total, "stages": lat},

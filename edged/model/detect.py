@@ -10,10 +10,16 @@ Head families (`postprocess.format`):
 - `yolox`: one output [1, N, 5 + nc] like YOLOv5's, but raw: grid offsets and log sizes per stride (8, 16,
   32), decoded on the model's grid as YOLOX's own `demo_postprocess` does (score = objectness x class).
 - `boxes`: the model decoded its boxes itself. One output [1, N, 6] (x1, y1, x2, y2, score, class), or
-  separate outputs found by name (`*box*`, `*score*`/`*conf*`, `*class*`/`*label*`, optional `*num*` count)
-  or by shape. With NMS in the graph (YOLOv10 and end-to-end exports, SSD with NMS) they are used as given;
+  separate outputs named by `outputs`, else found by name (`*box*`, `*score*`/`*conf*`, `*class*`/`*label*`,
+  optional `*num*` count) or by shape, only where one reading fits (detectoutputs.py). With NMS in the graph
+  (YOLOv10 and end-to-end exports, SSD with NMS) they are used as given;
   SSD-style outputs without it (UltraFace, MobileNet-SSD exports: boxes [1, N, 4] beside a score per class
   [1, N, C] whose column 0 is the background) take each box's best class and get edged's NMS.
+
+A YOLO head is the model's only output, or the one `outputs.head` names. What a model gives as boxes is checked
+on check-config's synthetic frame and on every frame: corners in order and inside the input (or 0..1 of it),
+else the frame's result is refused (`check_boxes`). A per-cell map of box regressions, or an SSD's undecoded
+`loc` beside its priors, is refused with what to do instead.
 
 Coordinates are model-input pixels (or 0..1 of the input when `normalized`) and are mapped back through
 the letterbox or stretch of the frame they came from (`Geometry`), clipped to the frame.
@@ -35,10 +41,12 @@ from edged.model.detections import (
     BoxOptions,
     Candidates,
     Finisher,
+    check_boxes,
     cxcywh_to_xyxy,
     input_size_of,
     nms,
 )
+from edged.model.detectoutputs import DetectOutputs, box_roles, head_output
 from edged.model.postprocess import POSTPROCESSORS, Postprocessor, load_labels
 from edged.model.preprocess import Geometry
 
@@ -65,6 +73,7 @@ class DetectConfig(BoxOptions):
     normalized: Literal["auto", "yes", "no"] = Field(
         "auto", description="Box coordinates in 0..1 of the model input (auto: when every coordinate is <= 1.5)."
     )
+    outputs: DetectOutputs = Field(default_factory=DetectOutputs)
     keypoints: int | None = Field(
         None,
         ge=1,
@@ -157,13 +166,20 @@ class Detect:
     ) -> None:
         self.cfg = cfg
         self.labels = labels
-        self.names = [n.lower() for n in output_names]
+        self.names = output_names
         self.input_size = input_size
+        named = [output_shapes[output_names.index(cfg.outputs.head)]] if cfg.outputs.head in output_names else None
         self.format = (
             cfg.format
             if cfg.format != "auto"
-            else guess_format(output_shapes, len(labels) if labels else None, input_size)
+            else guess_format(named or output_shapes, len(labels) if labels else None, input_size)
         )
+        self.head = 0  # the YOLO head's output
+        self.roles: dict[str, int] = {}  # a multi-output boxes model: role -> output
+        if self.format != "boxes":
+            self.head = head_output(cfg.outputs, output_names, output_shapes)
+        elif len(output_names) > 1:
+            self.roles = box_roles(cfg.outputs, output_names, output_shapes)
         self.finish = Finisher(cfg, labels, input_size)
         self._grid: tuple[Array, Array] | None = None
         self.kpt_shape = (0, 0)  # (K keypoints per box, values per keypoint): make_detect sets a pose head's
@@ -185,7 +201,7 @@ class Detect:
     def _decode(self, outputs: list[npt.NDArray[Any]]) -> Candidates:
         if self.format == "boxes":
             return self._decode_boxes(outputs)
-        out = np.asarray(outputs[0], dtype=np.float32)
+        out = np.asarray(outputs[self.head], dtype=np.float32)
         if self.format == "yolox":
             return self._decode_yolo(self._yolox_to_pixels(out), objectness=True)
         return self._decode_yolo(out, objectness=self.format == "yolov5")
@@ -246,27 +262,6 @@ class Detect:
         scores = per_class[np.arange(per_class.shape[0]), idx]
         return Candidates(boxes, scores.astype(np.float32), idx.astype(np.int64))
 
-    def _split_outputs(
-        self, outputs: list[npt.NDArray[Any]]
-    ) -> tuple[Array | None, Array | None, npt.NDArray[np.int64] | None, int | None, list[npt.NDArray[Any]]]:
-        """Separate outputs by name (or a boxes-like shape): boxes, scores, classes, count, the rest."""
-        boxes = scores = classes = None
-        count: int | None = None
-        rest: list[npt.NDArray[Any]] = []
-        for name, out in zip(self.names, outputs, strict=True):
-            arr = np.asarray(out)
-            if "num" in name:
-                count = int(arr.reshape(-1)[0])
-            elif "box" in name or (boxes is None and arr.shape and arr.shape[-1] == 4):
-                boxes = arr.astype(np.float32).reshape(-1, 4)
-            elif "score" in name or "conf" in name:
-                scores = arr.astype(np.float32)  # [.., N] one per box, or [.., N, C] per class (raw SSD)
-            elif "class" in name or "label" in name:
-                classes = arr.reshape(-1).astype(np.int64)
-            else:
-                rest.append(arr)
-        return boxes, scores, classes, count, rest
-
     def _decode_boxes(self, outputs: list[npt.NDArray[Any]]) -> Candidates:
         if len(outputs) == 1:
             a = np.asarray(outputs[0], dtype=np.float32)
@@ -275,25 +270,34 @@ class Detect:
                 raise ModelError(
                     f"detect: a boxes output must be [N, 6] (x1, y1, x2, y2, score, class), got {list(a.shape)}"
                 )
-            check_boxes(a[:, :4])
+            check_boxes(a[:, :4], self.input_size)
             return Candidates(a[:, :4].copy(), a[:, 4].copy(), a[:, 5].astype(np.int64))
-        boxes, scores, classes, count, rest = self._split_outputs(outputs)
-        if boxes is not None:
-            check_boxes(boxes)
-        if scores is None and rest:
-            scores = rest.pop(0).astype(np.float32)
-        if boxes is not None and scores is not None and scores.ndim >= 2 and scores.shape[-1] > 1:
+        boxes = self._role(outputs, "boxes")
+        if boxes is None or boxes.ndim > 3 or boxes.shape[-1] != 4:
+            shape = None if boxes is None else list(boxes.shape)
+            raise ModelError(f"detect: the boxes output is {shape}, not a list of boxes [1, N, 4]")
+        boxes = boxes.astype(np.float32).reshape(-1, 4)
+        check_boxes(boxes, self.input_size)
+        scores = self._role(outputs, "scores")
+        if scores is None:
+            raise ModelError(f"detect: no scores among the outputs {self.names}")
+        scores = scores.astype(np.float32)  # [.., N] one per box, or [.., N, C] per class (raw SSD)
+        classes = self._role(outputs, "classes")
+        counted = self._role(outputs, "count")
+        if scores.ndim >= 2 and scores.shape[-1] > 1 and classes is None:
             per_class = scores.reshape(-1, scores.shape[-1])
-            if per_class.shape[0] == boxes.shape[0] and classes is None:
+            if per_class.shape[0] == boxes.shape[0]:
                 return self._per_class_scores(boxes, per_class)
-        scores = scores.reshape(-1) if scores is not None else None
+        scores = scores.reshape(-1)
         self.suppress = False
-        if classes is None:
-            classes = rest.pop(0).reshape(-1).astype(np.int64) if rest else np.zeros_like(scores, dtype=np.int64)
-        if boxes is None or scores is None:
-            raise ModelError(f"detect: cannot find boxes and scores among the outputs {self.names}")
-        n = min(boxes.shape[0], scores.shape[0], classes.shape[0], count if count is not None else boxes.shape[0])
-        return Candidates(boxes[:n], scores[:n], classes[:n])
+        cls = classes.reshape(-1).astype(np.int64) if classes is not None else np.zeros_like(scores, dtype=np.int64)
+        count = int(counted.reshape(-1)[0]) if counted is not None and counted.size else boxes.shape[0]
+        n = min(boxes.shape[0], scores.shape[0], cls.shape[0], max(count, 0))
+        return Candidates(boxes[:n], scores[:n], cls[:n])
+
+    def _role(self, outputs: list[npt.NDArray[Any]], role: str) -> npt.NDArray[Any] | None:
+        index = self.roles.get(role)
+        return None if index is None else np.asarray(outputs[index])
 
 
 @POSTPROCESSORS.register("detect", DetectConfig)
@@ -311,20 +315,21 @@ def make_detect(
     _check_forced_format(cfg, output_shapes)
     detect = Detect(cfg, labels, output_names, output_shapes, input_size)
     detect.kpt_shape = keypoint_shape(cfg, metadata, detect.format)
-    head = output_shapes[0] if output_shapes else []
+    head = output_shapes[detect.head] if output_shapes else []
     if detect.format != "boxes" and len(head) > 3:  # YOLO heads are [1, N, C] or [1, C, N]
         raise ModelError(
-            f"detect {detect.format} needs a head [1, N, C] or [1, C, N]; the model's first output "
-            f"{output_names[0]} is {head}, a map: use the postprocess type of its family (centernet, text) or raw"
+            f"detect {detect.format} needs a head [1, N, C] or [1, C, N]; the model's output "
+            f"{output_names[detect.head]} is {head}, a map: use the postprocess type of its family (centernet, "
+            "text) or raw"
         )
-    if detect.format == "yolox" and output_shapes and isinstance(output_shapes[0][-2], int):
-        yolox_grid(input_size, output_shapes[0][-2])  # the head's anchors must be the input's grid
-    if labels and detect.format in ("yolov5", "yolov8", "yolox") and output_shapes:
+    if detect.format == "yolox" and head and isinstance(head[-2], int):
+        yolox_grid(input_size, head[-2])  # the head's anchors must be the input's grid
+    if labels and detect.format in ("yolov5", "yolov8", "yolox") and head:
         width = len(labels) + (4 if detect.format == "yolov8" else 5) + detect.kpt_shape[0] * detect.kpt_shape[1]
-        dims = [d for d in output_shapes[0][-2:] if isinstance(d, int)]
+        dims = [d for d in head[-2:] if isinstance(d, int)]
         if len(dims) == 2 and width not in dims:
             raise ModelError(
-                f"{len(labels)} labels do not fit a {detect.format} head of shape {output_shapes[0]} "
+                f"{len(labels)} labels do not fit a {detect.format} head of shape {head} "
                 f"(expected a dimension of {width}); fix postprocess.labels or postprocess.format"
             )
     return detect
@@ -361,26 +366,6 @@ def _check_forced_format(cfg: DetectConfig, output_shapes: list[list[Any]]) -> N
             f"postprocess.format {cfg.format} does not fit the head {output_shapes[0]}: {cfg.format} heads are "
             f"[1, N, 5 + classes]; this one is channels-first [1, 4 + classes, N] like YOLOv8 / YOLO11 "
             "export: set format: yolov8 (or auto)"
-        )
-
-
-UNORDERED_MAX = 0.05  # boxes read from a `boxes` output whose corners are out of order, at most this share
-
-
-def check_boxes(boxes: Array) -> None:
-    """Boxes must be boxes: what a model gives as decoded boxes has x1 <= x2 and y1 <= y2 (rows of zeros, the
-    padding of a fixed-size output, aside). A per-cell box regression or an SSD's undecoded `loc` (offsets
-    around zero, read as corners) has them out of order about half the time: ModelError, not published. Checked
-    on check-config's synthetic frame and on every frame (a vectorized comparison)."""
-    used = boxes[np.isfinite(boxes).all(axis=1) & np.any(boxes != 0, axis=1)]
-    if used.shape[0] == 0:
-        return
-    unordered = int(np.count_nonzero((used[:, 2] < used[:, 0]) | (used[:, 3] < used[:, 1])))
-    if unordered > UNORDERED_MAX * used.shape[0]:
-        raise ModelError(
-            f"detect: what the model gives as boxes is not boxes: {unordered} of {used.shape[0]} have x2 < x1 or "
-            "y2 < y1 (a box regression around zero, or an undecoded anchor/prior output): export the model with "
-            "its box decoding (and NMS), use its family's decoder, or write a plugin (docs/models.md)"
         )
 
 

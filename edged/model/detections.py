@@ -205,3 +205,33 @@ def input_size_of(kind: str, input_size: tuple[int, int] | None) -> tuple[int, i
     if input_size is None:
         raise ModelError(f"{kind} needs the model's input size; set preprocess.size")
     return input_size
+
+
+UNORDERED_MAX = 0.05  # boxes read from a `boxes` output that are out of order or off the input, at most this share
+
+
+def check_boxes(boxes: Array, input_size: tuple[int, int]) -> None:
+    """Boxes must be boxes: what a model gives as decoded boxes has x1 <= x2 and y1 <= y2, and lies on its input
+    (in pixels, or in 0..1 of it when every coordinate is <= 1.5), rows of zeros (the padding of a fixed-size
+    output) aside. A per-cell box regression or an SSD's undecoded `loc` (offsets around zero, read as corners)
+    has them out of order about half the time; coordinates from another scale land off the input: ModelError,
+    not published. Checked on check-config's synthetic frame and on every frame (vectorized comparisons)."""
+    used = boxes[np.isfinite(boxes).all(axis=1) & np.any(boxes != 0, axis=1)]
+    if used.shape[0] == 0:
+        return
+    unordered = int(np.count_nonzero((used[:, 2] < used[:, 0]) | (used[:, 3] < used[:, 1])))
+    if unordered > UNORDERED_MAX * used.shape[0]:
+        raise ModelError(
+            f"detect: what the model gives as boxes is not boxes: {unordered} of {used.shape[0]} have x2 < x1 or "
+            "y2 < y1 (a box regression around zero, or an undecoded anchor/prior output): export the model with "
+            "its box decoding (and NMS), use its family's decoder, or write a plugin (docs/models.md)"
+        )
+    w, h = (1.0, 1.0) if float(np.abs(used).max()) <= 1.5 else (float(input_size[0]), float(input_size[1]))
+    off = (used[:, 2] < -0.5 * w) | (used[:, 3] < -0.5 * h) | (used[:, 0] > 1.5 * w) | (used[:, 1] > 1.5 * h)
+    outside = int(np.count_nonzero(off))
+    if outside > UNORDERED_MAX * used.shape[0]:
+        raise ModelError(
+            f"detect: {outside} of {used.shape[0]} boxes lie off the {input_size[0]}x{input_size[1]} input: not "
+            "box corners in input pixels or 0..1 of the input (check preprocess.size, or export the model with its "
+            "box decoding)"
+        )

@@ -4,7 +4,8 @@ D-FINE), which output a fixed number of queries and need no NMS.
 Outputs it reads:
 
 - two outputs, one per query: boxes [1, Q, 4] (`pred_boxes`, `boxes`, `dets`: the one whose last axis is 4)
-  and class logits [1, Q, C] (`logits`, `labels`, `scores`: the other);
+  and class logits [1, Q, C] (`logits`, `labels`, `scores`: the other); `outputs.boxes` / `outputs.logits`
+  name them where the names and shapes leave more than one reading (then the model is refused until they do);
 - or one [1, Q, 4 + C] output (Ultralytics' RT-DETR export: boxes first, then the class scores).
 
 Boxes are centre, size in 0..1 of the model input (`box_format: cxcywh`, as every family above trains them),
@@ -24,13 +25,30 @@ import numpy.typing as npt
 from pydantic import Field
 
 from edged.core.errors import ModelError
-from edged.model.detections import Array, BoxOptions, Candidates, Finisher, cxcywh_to_xyxy, input_size_of, sigmoid
+from edged.core.settings import Strict
+from edged.model.detections import (
+    Array,
+    BoxOptions,
+    Candidates,
+    Finisher,
+    check_boxes,
+    cxcywh_to_xyxy,
+    input_size_of,
+    sigmoid,
+)
 from edged.model.postprocess import POSTPROCESSORS, Postprocessor, load_labels
 from edged.model.preprocess import Geometry
 
 __all__ = ["Detr", "DetrConfig", "make_detr"]
 
 MAX_QUERIES = 3000  # DETR 100, RT-DETR and RF-DETR 300, DINO 900; a YOLO head has thousands of anchors
+
+
+class DetrOutputs(Strict):
+    """Which output is which, by name (when the automatic match cannot tell)."""
+
+    boxes: str | None = Field(None, description="The boxes output's name ([1, Q, 4]).")
+    logits: str | None = Field(None, description="The class logits output's name ([1, Q, C]).")
 
 
 class DetrConfig(BoxOptions):
@@ -48,6 +66,7 @@ class DetrConfig(BoxOptions):
     normalized: Literal["auto", "yes", "no"] = Field(
         "auto", description="Box coordinates in 0..1 of the model input (auto: when every coordinate is <= 1.5)."
     )
+    outputs: DetrOutputs = Field(default_factory=DetrOutputs)
 
 
 def softmax(x: Array) -> Array:
@@ -83,7 +102,7 @@ class Detr:
         """Candidates in model-input pixels."""
         shapes = [np.shape(o) for o in outputs]
         if self._checked != shapes:  # the axes the model left dynamic, once their sizes are known
-            _layout(self.names, [list(s) for s in shapes])
+            _layout(self.names, [list(s) for s in shapes], self.cfg.outputs)
             self._checked = shapes
         if self.layout is None:
             both = np.asarray(outputs[0], dtype=np.float32)
@@ -97,6 +116,7 @@ class Detr:
         idx = probs.argmax(axis=1)
         scores = probs[np.arange(probs.shape[0]), idx]
         xyxy = cxcywh_to_xyxy(np.ascontiguousarray(boxes)) if self.cfg.box_format == "cxcywh" else boxes.copy()
+        check_boxes(xyxy, self.input_size)
         if xyxy.shape[0] and self._normalized(xyxy):
             xyxy = xyxy * np.asarray([*self.input_size, *self.input_size], dtype=np.float32)
         return Candidates(xyxy.astype(np.float32), scores.astype(np.float32), idx.astype(np.int64))
@@ -121,9 +141,12 @@ class Detr:
         return bool(finite.size and np.abs(finite).max() <= 1.5)  # 0..1 and a margin
 
 
-def _layout(output_names: list[str], output_shapes: list[list[Any]]) -> tuple[int, int] | None:
+def _layout(
+    output_names: list[str], output_shapes: list[list[Any]], named: DetrOutputs | None = None
+) -> tuple[int, int] | None:
     """(boxes output, logits output) among per-query outputs, or None for a single [1, Q, 4 + C] output."""
     described = ", ".join(f"{n} {s}" for n, s in zip(output_names, output_shapes, strict=True))
+    named = named or DetrOutputs()
     queries = [i for i, s in enumerate(output_shapes) if len(s) == 3]  # [1, Q, X]
     if len(output_shapes) == 1 and queries:
         count, width = output_shapes[0][-2:]
@@ -135,14 +158,36 @@ def _layout(output_names: list[str], output_shapes: list[list[Any]]) -> tuple[in
                 "a YOLO-style head: use detect"
             )
         return None
-    boxes = [i for i in queries if output_shapes[i][-1] == 4]
-    if not boxes:
-        raise ModelError(f"detr needs a boxes output [1, Q, 4] and class logits [1, Q, C]; the model has {described}")
-    box = next((i for i in boxes if "box" in output_names[i].lower()), boxes[0])
-    others = [i for i in queries if i != box and output_shapes[i][1] == output_shapes[box][1]]
-    if not others:
-        raise ModelError(f"detr needs class logits [1, Q, C] beside the boxes; the model has {described}")
-    return box, others[0]
+    box = _named(named.boxes, "boxes", output_names, described)
+    if box is None:
+        boxes = [i for i in queries if output_shapes[i][-1] == 4]
+        by_name = [i for i in boxes if "box" in output_names[i].lower()]
+        if not boxes:
+            raise ModelError(
+                f"detr needs a boxes output [1, Q, 4] and class logits [1, Q, C]; the model has {described}"
+            )
+        if len(boxes) > 1 and len(by_name) != 1:
+            raise ModelError(f"detr: {len(boxes)} outputs could be the boxes ({described}): name it with outputs.boxes")
+        box = by_name[0] if len(boxes) > 1 else boxes[0]
+    logits = _named(named.logits, "logits", output_names, described)
+    if logits is None:
+        others = [i for i in queries if i != box and output_shapes[i][1] == output_shapes[box][1]]
+        if not others:
+            raise ModelError(f"detr needs class logits [1, Q, C] beside the boxes; the model has {described}")
+        if len(others) > 1:
+            raise ModelError(
+                f"detr: {len(others)} outputs could be the class logits ({described}): name it with outputs.logits"
+            )
+        logits = others[0]
+    return box, logits
+
+
+def _named(name: str | None, role: str, output_names: list[str], described: str) -> int | None:
+    if name is None:
+        return None
+    if name not in output_names:
+        raise ModelError(f"postprocess.outputs.{role} {name!r} is not an output ({described})")
+    return output_names.index(name)
 
 
 @POSTPROCESSORS.register("detr", DetrConfig)
@@ -155,5 +200,5 @@ def make_detr(
 ) -> Postprocessor:
     """Build the decoder; refuse outputs that are not per-query boxes and class scores."""
     input_size = input_size_of("detr", input_size)
-    layout = _layout(output_names, output_shapes)
+    layout = _layout(output_names, output_shapes, cfg.outputs)
     return Detr(cfg, load_labels(cfg.labels, metadata), output_names, layout, input_size)

@@ -8,7 +8,8 @@ a softmax over reg_max + 1 bins whose expectation, times s, is the distance from
 
 The model's outputs are either one scores and one distribution output per level (PicoDet exports without
 NMS: eight outputs for strides 8, 16, 32, 64; scores first, or told apart by width), or a single
-[1, N, classes + 4 x (reg_max + 1)] output (NanoDet). [1, C, N] layouts are transposed. Scores that are
+[1, N, classes + 4 x (reg_max + 1)] output (NanoDet); `outputs` names the ones to read when the model has
+others too. [1, C, N] layouts are transposed. Scores that are
 not probabilities get a sigmoid. Then the shared finish: threshold, NMS per class, mapping to the frame.
 """
 
@@ -43,6 +44,11 @@ class GflConfig(BoxOptions):
     )
     center_offset: float = Field(
         0.5, ge=0, le=1, description="Cell centre within its cell: 0.5 (PicoDet, GFL) or 0 (NanoDet-Plus)."
+    )
+    outputs: list[str] | None = Field(
+        None,
+        description="The outputs to read, by name (the per-level scores and distributions, or the one NanoDet "
+        "output); default: every output of the model.",
     )
 
 
@@ -95,6 +101,7 @@ class Gfl:
         input_size: tuple[int, int],
     ) -> None:
         self.cfg = cfg
+        self.select: list[int] | None = None  # the outputs it reads (`outputs`), None: all of them
         self.pairs = pairs  # per level: (scores output, distribution output); the same index for one output
         self.classes = len(labels) if labels else None
         self.input_size = input_size
@@ -111,6 +118,8 @@ class Gfl:
         return self.finish(self.decode(outputs), geometry)
 
     def _levels(self, outputs: list[npt.NDArray[Any]]) -> list[tuple[Array, Array]]:
+        if self.select is not None:
+            outputs = [outputs[i] for i in self.select]
         if len(self.pairs) == 1 and self.pairs[0][0] == self.pairs[0][1]:
             a = _cells_first(np.asarray(outputs[0], dtype=np.float32))
             if not self.strides:  # a dynamic shape: the levels are known from the first real output
@@ -218,6 +227,31 @@ def make_gfl(
     """Build the GFL decoder; refuse outputs that are not per-level scores and distributions."""
     input_size = input_size_of("gfl", input_size)
     labels = load_labels(cfg.labels, metadata)
+    select = _selected(cfg.outputs, output_names, output_shapes)
+    if select is not None:
+        output_names = [output_names[i] for i in select]
+        output_shapes = [output_shapes[i] for i in select]
+    gfl = _make(cfg, labels, output_names, output_shapes, input_size)
+    gfl.select = select
+    return gfl
+
+
+def _selected(wanted: list[str] | None, names: list[str], shapes: list[list[Any]]) -> list[int] | None:
+    if wanted is None:
+        return None
+    missing = [n for n in wanted if n not in names]
+    if missing or not wanted:
+        raise ModelError(f"postprocess.outputs: {missing or 'none'} not among the outputs {_described(names, shapes)}")
+    return [names.index(n) for n in wanted]
+
+
+def _make(
+    cfg: GflConfig,
+    labels: list[str] | None,
+    output_names: list[str],
+    output_shapes: list[list[Any]],
+    input_size: tuple[int, int],
+) -> Gfl:
     classes = len(labels) if labels else None
     if len(output_shapes) == 1:
         if len(output_shapes[0]) != 3:

@@ -1,7 +1,9 @@
 """`text` postprocessing: DB (Differentiable Binarization) text detectors such as PaddleOCR's, decoded as
 PaddleOCR's `DBPostProcess` does.
 
-The model gives a probability map [1, 1, H, W] (logits get a sigmoid). The map is binarised at
+The model gives a probability map [1, 1, H, W] (logits get a sigmoid): its only output, or the one `output`
+names (a model with several outputs is refused until `output` names one: a one-channel map beside others may
+be a heatmap or a mask as well). The map is binarised at
 `threshold` (and dilated by 2 x 2 when `dilate`); each connected region's minimum-area rectangle is a text
 candidate, kept when its shorter side is at least `min_size` map pixels and the mean probability inside it
 (the "fast" score) reaches `score_threshold`. The rectangle is then grown ("unclipped") by
@@ -24,7 +26,7 @@ from pydantic import Field
 from edged.core.errors import ModelError
 from edged.core.settings import Strict
 from edged.model.detections import Array, BoxOptions, Candidates, Finisher, input_size_of, sigmoid
-from edged.model.postprocess import POSTPROCESSORS, Postprocessor
+from edged.model.postprocess import POSTPROCESSORS, Postprocessor, output_field, pick_output
 from edged.model.preprocess import Geometry
 
 
@@ -42,6 +44,7 @@ class TextConfig(Strict):
     max_candidates: int = Field(1000, ge=1, le=100000, description="Regions examined at most per frame.")
     max_detections: int = Field(1000, ge=1, le=100000, description="Keep at most this many, best first.")
     label: str = Field("text", min_length=1, description="The label of every detection.")
+    output: str | None = output_field()
 
 
 def ordered_corners(rect: tuple[Any, ...]) -> Array:
@@ -68,9 +71,10 @@ def mean_inside(prob: Array, corners: Array) -> float:
 class TextDetect:
     """Probability map -> rotated text boxes -> the shared finish (no NMS: regions do not overlap)."""
 
-    def __init__(self, cfg: TextConfig, input_size: tuple[int, int]) -> None:
+    def __init__(self, cfg: TextConfig, input_size: tuple[int, int], index: int = 0) -> None:
         self.cfg = cfg
         self.input_size = input_size
+        self.index = index  # the output it reads
         opts = BoxOptions(score_threshold=cfg.score_threshold, max_detections=cfg.max_detections, labels=[cfg.label])
         self.finish = Finisher(opts, [cfg.label], input_size)
 
@@ -80,7 +84,9 @@ class TextDetect:
 
     def decode(self, outputs: list[npt.NDArray[Any]]) -> Candidates:
         """Candidates in model-input pixels, with their rotated rectangles as `polygon`."""
-        prob = np.asarray(outputs[0], dtype=np.float32)
+        prob = np.asarray(outputs[self.index], dtype=np.float32)
+        if not _probability_map(list(prob.shape)):
+            raise ModelError(f"text: the output is {list(prob.shape)} on this frame, not a map [1, 1, H, W]")
         prob = prob.reshape(prob.shape[-2], prob.shape[-1])
         if prob.size and (prob.min() < 0.0 or prob.max() > 1.0):
             prob = sigmoid(prob)
@@ -123,11 +129,20 @@ def make_text(
     metadata: dict[str, str],  # noqa: ARG001  (every factory takes the same arguments)
     input_size: tuple[int, int] | None,
 ) -> Postprocessor:
-    """Build the DB decoder; the model must give one single-channel map."""
+    """Build the DB decoder; the output it reads must be one single-channel map."""
     input_size = input_size_of("text", input_size)
-    shape = output_shapes[0]
-    channels = [d for d in shape[1:-2] if isinstance(d, int) and d != 1]
-    if len(output_shapes) != 1 or len(shape) != 4 or channels:
-        described = ", ".join(f"{n} {s}" for n, s in zip(output_names, output_shapes, strict=True))
+    index = pick_output("text", cfg.output, output_names, output_shapes, _probability_map)
+    described = ", ".join(f"{n} {s}" for n, s in zip(output_names, output_shapes, strict=True))
+    if cfg.output is None and len(output_names) > 1:
+        raise ModelError(
+            f"text needs one probability map [1, 1, H, W]; the model has {len(output_names)} outputs ({described}): "
+            "name the map with postprocess.output"
+        )
+    if not _probability_map(output_shapes[index]):
         raise ModelError(f"text needs one probability map [1, 1, H, W]; the model has {described}")
-    return TextDetect(cfg, input_size)
+    return TextDetect(cfg, input_size, index)
+
+
+def _probability_map(shape: list[Any]) -> bool:
+    """[1, 1, H, W]: four axes, one channel (a dynamic one counts)."""
+    return len(shape) == 4 and not [d for d in shape[1:-2] if isinstance(d, int) and d != 1]

@@ -49,6 +49,11 @@ PIPELINE_COUNTERS = (
     ("edged_source_reconnects_total", "reconnects", "Times the source was reopened."),
     ("edged_malformed_records_total", "malformed", "Sensor input lines/records skipped as malformed."),
     ("edged_events_total", "events", "Track and zone events stored."),
+    (
+        "edged_refused_results_total",
+        "refused",
+        "Results the decoder refused (outputs that do not fit it): not published.",
+    ),
 )
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from edged.core.stats import MqttStats
+from edged.core.stats import REFUSED_WINDOW_S, MqttStats
 from edged.core.threads import Supervised
 from edged.pipeline.runner import PipelineRunner
 from edged.store.spool import RECENT_S
@@ -140,6 +140,16 @@ CATALOG: tuple[Reason, ...] = (
         "pipeline cam0 failed: inference failed: [ONNXRuntimeError] : 2 : INVALID_ARGUMENT : ...",
         "The model run (or storing its result) raised; this pipeline stopped, the others go on.",
         "Check the model against the config with `edged check-config`; fix and `systemctl reload edged` (or restart).",
+    ),
+    Reason(
+        "model",
+        _P + r"refused \d+ result\(s\) in the last \d+ s, not published: .+",
+        "pipeline cam0 refused 12 result(s) in the last 60 s, not published: detect: the model gave classes [2] "
+        "beyond its 2 labels (person, car)",
+        "The model's outputs on these frames do not fit what the decoder reads (an output's shape changed, a class "
+        "beyond the labels, boxes that are not boxes): those results were dropped, the pipeline goes on.",
+        "Check the pairing with `edged check-config` and `edged inspect MODEL`; fix `postprocess` (labels, format, "
+        "outputs) or the model, then reload.",
     ),
     Reason(
         "thread",
@@ -316,13 +326,20 @@ def explain(line: str) -> Reason | None:
 
 
 def pipeline_reasons(runners: Sequence[PipelineRunner]) -> list[str]:
-    """A pipeline reconnecting, failed or waiting for data (and why); a thread of one that died."""
+    """A pipeline reconnecting, failed or waiting for data (and why), refusing its model's results lately; a thread
+    of one that died."""
     out = [
         f"pipeline {runner.name} {runner.stats.state}" + (f": {runner.stats.error}" if runner.stats.error else "")
         for runner in runners
         if runner.stats.state in ("reconnecting", "failed", "waiting")  # waiting: a sensor sends no data
     ]
     for runner in runners:
+        refused, why = runner.stats.refused_recently()
+        if refused:
+            window = f"{REFUSED_WINDOW_S:.0f}"
+            out.append(
+                f"pipeline {runner.name} refused {refused} result(s) in the last {window} s, not published: {why}"
+            )
         out += runner.deaths()
     return out
 

@@ -95,6 +95,7 @@ def _pipelines(snapshot: dict[str, Any]) -> list[Any]:
         figures += [f"capture->PUBACK {_ms(e2e)}"] if e2e and e2e.get("p50") else []
         lines += _packed("    p50/p95/p99 ms  ", figures)
         counts = [f"malformed {p['malformed']}"] if p.get("malformed") else []  # sensor input it had to skip
+        counts += [f"refused {p['refused']} (not published)"] if p.get("refused") else []  # outputs that did not fit
         counts += [f"suppressed {p['suppressed']} (publish filter)"] if p.get("suppressed") else []
         counts += [f"no motion {p['motion_skipped']} (frames not run)"] if p.get("motion_skipped") else []
         if p.get("tracks") is not None:  # a tracking pipeline

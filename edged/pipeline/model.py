@@ -16,6 +16,7 @@ from edged.core.errors import EdgedError, ModelError, ProviderError
 from edged.core.stats import PipelineStats
 from edged.model import engines
 from edged.model.feeds import InputsError
+from edged.model.outputcheck import OutputShapes
 from edged.model.postprocess import Postprocessor, make_postprocessor
 from edged.model.preprocess import Preprocessor, PreprocessSpec
 from edged.model.session import LoadedModel, load_model, load_problem, warm_up
@@ -36,6 +37,7 @@ class Model:
     pre: Preprocessor | WindowTransform  # image preprocessing, or a sensor source's window -> tensor
     post: Postprocessor
     secondary: list[SecondaryModel] = field(default_factory=list)  # models on the detections' crops
+    shapes: OutputShapes | None = None  # each frame's outputs are checked against these before `post` reads them
 
 
 class ModelRef:
@@ -80,7 +82,8 @@ def prepare_model(cfg: PipelineConfig, state_dir: Path, cores: int | None = None
         raise ModelError(f"{found[0]}: {found[1]}")  # its caller names the pipeline
     if loaded.feeds is not None:
         loaded.feeds.reset()
-    return Model(loaded, pre, post, [load_secondary(s, state_dir, cores) for s in cfg.secondary])
+    declared = OutputShapes(loaded.output_names, [list(o.shape) for o in loaded.session.get_outputs()])
+    return Model(loaded, pre, post, [load_secondary(s, state_dir, cores) for s in cfg.secondary], declared)
 
 
 def _preparation(

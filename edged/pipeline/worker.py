@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from edged.capture.base import Frame, FrameSlot
+from edged.core.errors import ModelError, RefusedResultError
 from edged.core.osthread import INFERENCE_NICE
 from edged.core.stats import PipelineStats
 from edged.core.streams import events_key
@@ -102,8 +103,9 @@ class InferenceWorker(Supervised):
     """Takes the latest frame, runs the model, builds the message, hands it to the sink.
 
     A pipeline runs `model.concurrency` of these on one session; a Turnstile keeps their results in
-    capture order, so `seq` follows the frames. A failure marks the pipeline failed and closes its slot
-    (its other workers end too).
+    capture order, so `seq` follows the frames. A frame whose outputs the decoder refuses (RefusedResultError:
+    a shape, a label, boxes that are not boxes) is counted and reported, not published, and the next frame goes
+    on; any other failure marks the pipeline failed and closes its slot (its other workers end too).
     """
 
     def __init__(
@@ -146,6 +148,10 @@ class InferenceWorker(Supervised):
             frame, ticket = taken
             try:
                 model, result, timings = self._infer(frame)
+            except RefusedResultError as exc:
+                with self.turnstile.turn(ticket):
+                    self._refuse(exc)
+                continue
             except Exception as exc:  # noqa: BLE001  (one pipeline's failure must not stop the others; _fail logs it)
                 with self.turnstile.turn(ticket):
                     self._fail("inference failed", exc)
@@ -169,6 +175,16 @@ class InferenceWorker(Supervised):
         )
         self.turnstile.slot.close()  # the other workers of this pipeline stop too
 
+    def _refuse(self, exc: RefusedResultError) -> None:
+        """Not published: counted, and status is degraded while refusals keep coming (ops/reasons.py)."""
+        self.stats.count_refused(str(exc))
+        log.warning(  # the log's rate limit keeps a refusal on every frame to a few lines a minute
+            "pipeline %s: result refused, not published: %s",
+            self.pipeline,
+            exc,
+            extra={"PIPELINE": self.pipeline, "PROVIDER": self.ref.current.loaded.provider, "SEQ": ""},
+        )
+
     def _infer(self, frame: Frame) -> tuple[Model, dict[str, Any], Timings]:
         model = self.ref.current  # one model for the whole frame, even if a swap happens meanwhile
         tensor, pre_ms = frame.tensor, frame.pre_ms
@@ -181,7 +197,7 @@ class InferenceWorker(Supervised):
         t2 = time.perf_counter()
         height, width = frame.image.shape[:2]
         geometry = model.pre.geometry(width, height) if isinstance(model.pre, Preprocessor) else None
-        result = model.post(outputs, geometry)
+        result = decode(model, outputs, geometry)
         t3 = time.perf_counter()
         scene = self.outlet.scene
         if scene is not None:
@@ -234,3 +250,16 @@ class InferenceWorker(Supervised):
         out.sink.append(key, seq, event["ts"], out.events_topic, payload)
         if out.on_result is not None:
             out.on_result(message)
+
+
+def decode(model: Model, outputs: list[Any], geometry: Any) -> dict[str, Any]:
+    """The decoder's result, after the frame's output shapes were checked against the model's; a ModelError of
+    the decoder (its own per-frame checks: labels, boxes, layout) refuses this frame's result, the same way."""
+    if model.shapes is not None:
+        model.shapes.check(outputs)
+    try:
+        return model.post(outputs, geometry)
+    except RefusedResultError:
+        raise
+    except ModelError as exc:
+        raise RefusedResultError(str(exc)) from exc

@@ -16,7 +16,7 @@ from edged.core.errors import EdgedError
 from edged.model.postprocess import POSTPROCESSORS, make_postprocessor
 
 CHANNELS = (1, 3, 4)
-OUTPUT_KEYED = ("classify", "segment")  # the decoders that read one output and take `output:`
+OUTPUT_KEYED = ("classify", "segment", "text")  # the decoders that read one output and take `output:`
 
 
 def propose_preprocess(shape: list[Any], metadata: dict[str, str]) -> tuple[dict[str, Any] | None, list[str]]:
