@@ -28,6 +28,7 @@ from edged.model.preprocess import Geometry
 
 Array = npt.NDArray[np.float32]
 MAX_CANDIDATES = 4096  # boxes that enter NMS at most (best scores first)
+SCORE_MAX = 1.0 + 1e-3  # a published score is a probability (float rounding aside)
 
 
 class BoxOptions(Strict):
@@ -177,6 +178,12 @@ class Finisher:
         return {"detections": self._entries(cands), "frame": {"w": geometry.width, "h": geometry.height}}
 
     def _entries(self, cands: Candidates) -> list[dict[str, Any]]:
+        if cands.scores.size and float(cands.scores.max()) > SCORE_MAX:
+            raise ModelError(  # a logit or a product of two is no probability: the reading is wrong
+                f"the model gave scores up to {float(cands.scores.max()):.3g}, outside 0..1: these are not "
+                "probabilities (a head without its sigmoid, or coordinates read as scores); check "
+                "postprocess.format, or export the model with its activation"
+            )
         if self.labels and cands.classes.size and (cands.classes.min() < 0 or cands.classes.max() >= len(self.labels)):
             beyond = sorted({int(c) for c in cands.classes if not 0 <= c < len(self.labels)})[:5]
             raise ModelError(  # a bare number is no label: the reading is wrong, refused rather than published
