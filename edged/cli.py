@@ -155,7 +155,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Validate a config file with every check `run` makes before it opens a device: the schema and "
         "its cross-field rules, then each model as its pipeline would use it (it loads in ONNX Runtime, its input "
         "fits `preprocess` or the sensor window, its labels and head fit `postprocess`). Each problem is one line, "
-        "file:line key=value: message, on the key at fault.",
+        "file:line key=value: message, on the key at fault. When it is valid, each pipeline's decoder says what it "
+        "reads (which outputs, which layout, which box encoding).",
     )
     check.add_argument("file", type=Path, help="the config file to check (model files, cameras and all)")
 
@@ -576,8 +577,11 @@ def _check_config(path: Path, *, verbose: bool = False) -> int:
 
     if not verbose:  # one line per problem, nothing else: the model loads log at INFO
         logging.getLogger().setLevel(logging.WARNING)
-    config = check_config(path)
+    readings: dict[str, str] = {}
+    config = check_config(path, readings=readings)
     print(f"{path}: OK ({len(config.pipelines)} pipeline(s), device {config.device_id})")
+    for name, reading in readings.items():  # what each decoder reads: outputs, layout, encoding
+        print(f"  {name}: {reading}")
     return 0
 
 

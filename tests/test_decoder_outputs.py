@@ -279,3 +279,16 @@ def test_an_output_whose_shape_changes_under_the_decoder_is_refused() -> None:
         shapes.check([np.zeros((1, 10)), np.zeros((7, 4, 1))])
     with pytest.raises(RefusedResultError, match="gave 1 outputs, not the 2"):
         shapes.check([np.zeros((1, 10))])
+
+
+def test_check_config_says_what_each_decoder_reads(tmp_path: Path) -> None:
+    """A decoder states what it reads (the output, the layout it decided) and check-config shows it."""
+    model = face_like_model(tmp_path / "face.onnx")
+    path = config(tmp_path, model, {"type": "segment", "output": "faces", "labels": ["background", "face"]}, NHWC)
+    argv = [sys.executable, "-m", "edged", "check-config", str(path)]
+    done = subprocess.run(argv, check=False, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].endswith("OK (1 pipeline(s), device " + load_config(path).device_id + ")")
+    said = "  cam0: segment: map faces ['N', 'M5', 'M6', 2] (this frame: [1, 48, 64, 2]) read as [1, H, W, C]; 2 labels"
+    assert lines[1] == said  # the layout its real shape showed, not the one its dynamic axes suggest

@@ -25,7 +25,7 @@ from pydantic import Field
 from edged.core.errors import ModelError
 from edged.core.settings import Strict
 from edged.model.detections import BoxOptions, Candidates, Finisher, input_size_of, sigmoid
-from edged.model.postprocess import POSTPROCESSORS, Postprocessor, load_labels
+from edged.model.postprocess import POSTPROCESSORS, Postprocessor, load_labels, with_reading
 from edged.model.preprocess import Geometry
 
 ROLES = ("heatmap", "size", "offset", "landmarks")
@@ -175,4 +175,6 @@ def make_centernet(
     labels = load_labels(cfg.labels, metadata)
     roles = assign_outputs(output_names, output_shapes, len(labels) if labels else None, cfg.outputs.model_dump())
     _check_grid(output_names, output_shapes, roles)
-    return CenterNet(cfg, labels, roles, input_size)
+    parts = ", ".join(f"{role} {output_names[i]} {output_shapes[i]}" for role, i in roles.items())
+    reading = f"centernet {cfg.variant}: {parts}"
+    return with_reading(CenterNet(cfg, labels, roles, input_size), reading)

@@ -47,7 +47,7 @@ from edged.model.detections import (
     nms,
 )
 from edged.model.detectoutputs import DetectOutputs, box_roles, head_output
-from edged.model.postprocess import POSTPROCESSORS, Postprocessor, load_labels
+from edged.model.postprocess import POSTPROCESSORS, Postprocessor, load_labels, with_reading
 from edged.model.preprocess import Geometry
 
 __all__ = ["Detect", "DetectConfig", "crop_box", "make_detect", "nms"]
@@ -332,7 +332,23 @@ def make_detect(
                 f"{len(labels)} labels do not fit a {detect.format} head of shape {head} "
                 f"(expected a dimension of {width}); fix postprocess.labels or postprocess.format"
             )
-    return detect
+    return with_reading(detect, _reading(detect, output_names, output_shapes))
+
+
+def _reading(detect: Detect, names: list[str], shapes: list[list[Any]]) -> str:
+    """What check-config shows: the head (or the boxes' outputs), the labels, the box encoding."""
+    labels = f"{len(detect.labels)} labels" if detect.labels else "no labels (classes published as numbers)"
+    scale = {"auto": "input pixels or 0..1 (auto)", "yes": "0..1 of the input", "no": "input pixels"}
+    where = scale[detect.cfg.normalized]
+    if detect.format == "boxes":
+        if detect.roles:
+            parts = ", ".join(f"{role} {names[i]} {shapes[i]}" for role, i in sorted(detect.roles.items()))
+        else:
+            parts = f"rows x1 y1 x2 y2 score class of {names[0]} {shapes[0]}"
+        return f"detect boxes: {parts}; {labels}; corners in {where}"
+    pose = f", {detect.kpt_shape[0]} keypoints per box" if detect.kpt_shape[0] else ""
+    head = f"{names[detect.head]} {shapes[detect.head]}"
+    return f"detect {detect.format}: head {head}; {labels}{pose}; cx cy w h in {where}"
 
 
 def keypoint_shape(cfg: DetectConfig, metadata: dict[str, str], fmt: str) -> tuple[int, int]:

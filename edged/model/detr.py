@@ -36,7 +36,7 @@ from edged.model.detections import (
     input_size_of,
     sigmoid,
 )
-from edged.model.postprocess import POSTPROCESSORS, Postprocessor, load_labels
+from edged.model.postprocess import POSTPROCESSORS, Postprocessor, load_labels, with_reading
 from edged.model.preprocess import Geometry
 
 __all__ = ["Detr", "DetrConfig", "make_detr"]
@@ -201,4 +201,12 @@ def make_detr(
     """Build the decoder; refuse outputs that are not per-query boxes and class scores."""
     input_size = input_size_of("detr", input_size)
     layout = _layout(output_names, output_shapes, cfg.outputs)
-    return Detr(cfg, load_labels(cfg.labels, metadata), output_names, layout, input_size)
+    labels = load_labels(cfg.labels, metadata)
+    if layout is None:
+        parts = f"queries {output_names[0]} {output_shapes[0]} as boxes then class scores"
+    else:
+        box, logits = layout
+        parts = f"boxes {output_names[box]} {output_shapes[box]}, logits {output_names[logits]} {output_shapes[logits]}"
+    named = f"{len(labels)} labels" if labels else "no labels"
+    reading = f"detr: {parts}; boxes {cfg.box_format}; activation {cfg.activation}; {named}"
+    return with_reading(Detr(cfg, labels, output_names, layout, input_size), reading)

@@ -24,7 +24,7 @@ from pydantic import Field
 
 from edged.core.errors import ModelError
 from edged.model.detections import Array, BoxOptions, Candidates, Finisher, input_size_of, sigmoid
-from edged.model.postprocess import POSTPROCESSORS, Postprocessor, load_labels
+from edged.model.postprocess import POSTPROCESSORS, Postprocessor, load_labels, with_reading
 from edged.model.preprocess import Geometry
 
 CANDIDATE_STRIDES = (4, 8, 16, 32, 64, 128)
@@ -233,7 +233,13 @@ def make_gfl(
         output_shapes = [output_shapes[i] for i in select]
     gfl = _make(cfg, labels, output_names, output_shapes, input_size)
     gfl.select = select
-    return gfl
+    if len(gfl.pairs) == 1 and gfl.pairs[0][0] == gfl.pairs[0][1]:
+        parts = f"one output {output_names[0]} {output_shapes[0]} (scores, then 4 x {gfl.reg_max + 1} bins)"
+    else:
+        parts = ", ".join(f"{output_names[s]} + {output_names[d]}" for s, d in gfl.pairs)
+        parts = f"{len(gfl.pairs)} levels (scores + distribution): {parts}"
+    strides = ", ".join(map(str, gfl.strides)) or "from the first frame"
+    return with_reading(gfl, f"gfl: {parts}; strides {strides}")
 
 
 def _selected(wanted: list[str] | None, names: list[str], shapes: list[list[Any]]) -> list[int] | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -52,6 +52,26 @@ def pick_output(
             f"one with postprocess.output (the outputs: {described})"
         )
     return 0  # none fits: the decoder's own check says why, about the first
+
+
+P = TypeVar("P")
+READING = "reading"  # the attribute where a decoder says what it reads (check-config prints it)
+
+
+def with_reading(post: P, reading: str) -> P:
+    """`post`, saying what it reads: which outputs, which layout, which encoding (check-config shows it)."""
+    setattr(post, READING, reading)
+    return post
+
+
+def reading_of(post: Postprocessor, kind: str) -> str:
+    """What a decoder says it reads, or that it does not say (a plugin that predates `reading`)."""
+    said = getattr(post, READING, None)
+    return said if isinstance(said, str) else f"{kind} (a plugin decoder: it does not say what it reads)"
+
+
+def _shown(names: list[str], shapes: list[list[Any]], index: int) -> str:
+    return f"{names[index]} {['?' if not isinstance(d, int) else d for d in shapes[index]]}"
 
 
 def labels_field() -> Any:
@@ -242,7 +262,10 @@ def make_classify(
         raise ModelError(
             f"{len(labels)} labels for a model with {classes} classes; fix postprocess.labels or the model"
         )
-    return Classify(cfg, labels, index)
+    count = f"{len(labels)} labels" if labels else f"{classes or '?'} classes, no labels"
+    return with_reading(
+        Classify(cfg, labels, index), f"classify: output {_shown(output_names, output_shapes, index)}, {count}"
+    )
 
 
 def _scores_shape(shape: list[Any]) -> bool:
@@ -259,7 +282,7 @@ def make_raw(
     input_size: tuple[int, int] | None,  # noqa: ARG001
 ) -> Postprocessor:
     """`raw`: every output summarised."""
-    return Raw(cfg, output_names)
+    return with_reading(Raw(cfg, output_names), f"raw: every output ({', '.join(output_names)}), summarised")
 
 
 def make_postprocessor(

@@ -112,6 +112,15 @@ class Segment:
         self.labels = labels
         self._wanted = {str(c) for c in cfg.classes} if cfg.classes is not None else None
         self._checked: tuple[int, ...] | None = None
+        self.source = ""  # which output, for `reading`
+
+    @property
+    def reading(self) -> str:
+        """What it reads (check-config shows it after its synthetic frame: the layout the real shape showed)."""
+        layout = "[1, H, W, C]" if self.channels_last else "[1, C, H, W]"
+        shown = f" (this frame: {list(self._checked)})" if self._checked is not None else ""
+        named = f"{len(self.labels)} labels" if self.labels else "no labels"
+        return f"segment: map {self.source}{shown} read as {layout}; {named}"
 
     def label(self, index: int, *, one_class: bool = False) -> str:
         """A class index's label (the index itself past the labels). A one-class map's class is index 1
@@ -256,4 +265,6 @@ def make_segment(
     classes = (shape[3] if last else shape[1]) if len(shape) == 4 else None
     if labels is not None and isinstance(classes, int) and classes > 1 and len(labels) < classes:
         raise ModelError(f"{len(labels)} labels for a map of {classes} classes; fix postprocess.labels or the model")
-    return Segment(cfg, labels, last, input_size, index)
+    segment = Segment(cfg, labels, last, input_size, index)
+    segment.source = f"{output_names[index]} {shape}"
+    return segment

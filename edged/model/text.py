@@ -26,7 +26,7 @@ from pydantic import Field
 from edged.core.errors import ModelError
 from edged.core.settings import Strict
 from edged.model.detections import Array, BoxOptions, Candidates, Finisher, input_size_of, sigmoid
-from edged.model.postprocess import POSTPROCESSORS, Postprocessor, output_field, pick_output
+from edged.model.postprocess import POSTPROCESSORS, Postprocessor, output_field, pick_output, with_reading
 from edged.model.preprocess import Geometry
 
 
@@ -140,7 +140,8 @@ def make_text(
         )
     if not _probability_map(output_shapes[index]):
         raise ModelError(f"text needs one probability map [1, 1, H, W]; the model has {described}")
-    return TextDetect(cfg, input_size, index)
+    reading = f"text: probability map {output_names[index]} {output_shapes[index]} (DB), label {cfg.label!r}"
+    return with_reading(TextDetect(cfg, input_size, index), reading)
 
 
 def _probability_map(shape: list[Any]) -> bool:

@@ -59,14 +59,17 @@ def path_problems(config: Config, where: ConfigLocator, *, as_daemon: bool = Fal
     return problems
 
 
-def check_config(path: Path, *, as_daemon: bool = False) -> Config:
+def check_config(path: Path, *, as_daemon: bool = False, readings: dict[str, str] | None = None) -> Config:
     """The validated config, or ConfigError listing every problem (schema first, then paths, then the
-    models)."""
+    models). `readings` gets, per pipeline, what its decoder reads (check-config prints it)."""
     config = load_config(path)
     where = ConfigLocator(path)
     problems = path_problems(config, where, as_daemon=as_daemon)
     for i, p in enumerate(config.pipelines):
-        found = check_pipeline_model(p, config.state_dir)
+        said: list[str] = []
+        found = check_pipeline_model(p, config.state_dir, said)
+        if readings is not None and said:
+            readings[p.name] = said[0]
         if found is not None:
             key, why = found
             at = tuple(int(part) if part.isdigit() else part for part in key.split("."))

@@ -17,7 +17,7 @@ from edged.core.stats import PipelineStats
 from edged.model import engines
 from edged.model.feeds import InputsError
 from edged.model.outputcheck import OutputShapes
-from edged.model.postprocess import Postprocessor, make_postprocessor
+from edged.model.postprocess import Postprocessor, make_postprocessor, reading_of
 from edged.model.preprocess import Preprocessor, PreprocessSpec
 from edged.model.session import LoadedModel, load_model, load_problem, warm_up
 from edged.model.window import WindowSpec, WindowTransform
@@ -104,11 +104,14 @@ def _postprocessor(cfg: PipelineConfig, loaded: LoadedModel, input_size: tuple[i
     return make_postprocessor(cfg.postprocess, loaded.output_names, shapes, loaded.metadata, input_size)
 
 
-def check_pipeline_model(cfg: PipelineConfig, state_dir: Path) -> tuple[str, str] | None:
+def check_pipeline_model(
+    cfg: PipelineConfig, state_dir: Path, readings: list[str] | None = None
+) -> tuple[str, str] | None:
     """What `prepare_model` would refuse for this pipeline as (the config key at fault, why), or None:
     the same checks on the CPU provider, one core, no warm-up (for `check-config`: no GPU engine is
     built, no device opened). The key is `model.path`, `preprocess` (`source` for a sensor's window) or
-    `postprocess` (labels against the head, a forced head format that does not fit)."""
+    `postprocess` (labels against the head, a forced head format that does not fit). `readings` gets what the
+    decoder says it reads (which outputs, which layout, which encoding), for check-config to show."""
     model = cfg.model.model_copy(
         update={"providers": ["CPUExecutionProvider"], "require_provider": False, "warmup_runs": 0}
     )
@@ -119,7 +122,7 @@ def check_pipeline_model(cfg: PipelineConfig, state_dir: Path) -> tuple[str, str
     except EdgedError as exc:
         unloadable = load_problem(model.path)
         return "model.path", f"ONNX Runtime cannot load it: {unloadable}" if unloadable else str(exc)
-    found = _check_loaded(cfg, loaded)
+    found = _check_loaded(cfg, loaded, readings)
     if found is not None:
         return found
     for i, second in enumerate(cfg.secondary):
@@ -129,7 +132,7 @@ def check_pipeline_model(cfg: PipelineConfig, state_dir: Path) -> tuple[str, str
     return None
 
 
-def _check_loaded(cfg: PipelineConfig, loaded: LoadedModel) -> tuple[str, str] | None:
+def _check_loaded(cfg: PipelineConfig, loaded: LoadedModel, readings: list[str] | None) -> tuple[str, str] | None:
     try:
         pre, _, input_size = _preparation(cfg, loaded)
     except EdgedError as exc:
@@ -138,7 +141,10 @@ def _check_loaded(cfg: PipelineConfig, loaded: LoadedModel) -> tuple[str, str] |
         post = _postprocessor(cfg, loaded, input_size)
     except EdgedError as exc:
         return "postprocess", str(exc)
-    return dry_run(cfg, loaded, pre, post)
+    found = dry_run(cfg, loaded, pre, post)
+    if readings is not None:  # after the synthetic frame: a layout the first real shape decided is shown
+        readings.append(reading_of(post, cfg.postprocess.type))
+    return found
 
 
 def dry_run(
