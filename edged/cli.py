@@ -44,8 +44,9 @@ EXITS = {
     "ingest": "0 stopped (--report: no result lost without a reason); 1 the database writer died, or an error "
     "(--report: a result lost without a reason)",
     "fleet keygen": "0 the key was written; 1 an error (an existing key is never overwritten)",
-    "fleet send": "0 every device expected answered ok; 1 one answered not ok (its reason is in the JSON, e.g. "
-    "busy); 3 one did not answer within --wait (a line on stderr says which)",
+    "fleet send": "0 every device expected answered ok; 1 one answered not ok or refused the command (its reason "
+    "is in the JSON and on stderr, e.g. busy, bad_signature); 3 one did not answer within --wait (a line on stderr "
+    "says which)",
     "fleet rollout": "0 every device runs the new model; 1 the rollout stopped (a canary failed), or an error",
 }
 

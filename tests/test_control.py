@@ -179,3 +179,17 @@ def test_key_setup_and_send_from_the_command_line(rig: Rig) -> None:
     assert nobody.returncode == 3  # its own code: nobody answered in time
     assert json.loads(nobody.stdout) == {}
     assert nobody.stderr.startswith("edged fleet: device nobody did not answer within 0.5 s (is it online")
+    # signed with a key the device does not trust: it answers at once, on its public replies topic and without the
+    # id it could not verify; fleet send matches the answer by the hash of what it sent, and exits 1 with the reason
+    stranger = rig.tmp_path / "stranger.key"
+    assert subprocess.run([sys.executable, "-m", "edged", "fleet", "keygen", str(stranger)], check=False,
+                          capture_output=True).returncode == 0  # fmt: skip
+    refused = subprocess.run([sys.executable, "-m", "edged", "fleet", "send", "status", "--device", dev, "--key",
+                              str(stranger), "--wait", "60", "--host", rig.broker.host, "--port", str(rig.broker.port)],
+                             check=False, capture_output=True, text=True)  # fmt: skip
+    assert refused.returncode == 1, refused.stderr
+    answer = json.loads(refused.stdout)[dev]
+    assert answer["ok"] is False
+    assert answer["reason"] == "bad_signature"
+    assert answer["id"] is None  # it could not echo what it did not trust
+    assert refused.stderr.startswith(f"edged fleet: device {dev}: bad_signature: ")

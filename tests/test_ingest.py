@@ -244,6 +244,22 @@ def test_report_says_which_device_lost_what_and_why(tmp_path: Path) -> None:
     assert "explained; device says: 4 expired" in text
 
 
+def test_the_report_says_no_rows_and_where_rows_start_plainly(tmp_path: Path) -> None:
+    """A device known only from its stats is not "complete"; one whose rows start at seq 562 is complete only from
+    there, and the text says so (not only the JSON's before_first)."""
+    url = str(tmp_path / "r.db")
+    db = open_database(url)
+    rows = [ResultRow("late", "cam0", s, float(s), "{}") for s in range(562, 676)]
+    stats = [StatsRow(d, 5.0, json.dumps({"device": d, "spool": {}})) for d in ("late", "quiet")]
+    db.write(rows, stats)
+    db.close()
+    cmd = [sys.executable, "-m", "edged", "ingest", "--report", "--db", url]
+    text = subprocess.run(cmd, check=False, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}).stdout
+    assert "quiet: no rows (seen only in its stats or quarantined messages)" in text
+    assert "late: complete from where its rows start (cam0 at seq 562: earlier seqs never arrived here)" in text
+    assert "  cam0  results 114  seq 562..675  missing 0  started at seq 562" in text
+
+
 def test_the_report_fits_80_columns_with_whole_device_names(tmp_path: Path) -> None:
     url = str(tmp_path / "r.db")
     db = open_database(url)

@@ -5,15 +5,18 @@ see, such as a device that vanished between the check and the reload: not someth
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 from typing import Any
 
+import yaml
 from conftest import make_tiny_model, wait_for
 from control_stubs import Outbox
 
 from edged.control.commands import command_topic, new_command
 from edged.control.controller import Controller
+from edged.control.remoteconfig import merged_text
 from edged.control.settings import ControlConfig
 from edged.core.signing import generate_key, load_private_key, sign
 from edged.ops.checkconfig import check_config
@@ -89,3 +92,36 @@ def test_a_written_config_that_does_not_reload_is_put_back_and_the_answer_says_s
     finally:
         controller.stop(5.0)
     assert not controller.is_alive()
+
+
+def _changed(before: str, after: str) -> list[str]:
+    """The lines a merge removed (-) or added (+)."""
+    diff = difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
+    return [line for line in diff if not line.startswith(("---", "+++", "@@"))]
+
+
+def test_a_merge_keeps_every_shipped_configs_indentation_comments_and_quotes() -> None:
+    """A merge edits the file in place: only the merged keys' lines change, on every shipped config (2-space block
+    mappings with `  - name` lists), and on a 4-space file with quoted values (quotes kept)."""
+    root = Path(__file__).resolve().parent.parent / "deploy"
+    shipped = sorted(root.glob("*.yaml"))
+    assert len(shipped) >= 4
+    for path in shipped:
+        text = path.read_text(encoding="utf-8")
+        name = yaml.safe_load(text)["pipelines"][0]["name"]
+        after = merged_text(text, {"log_level": "debug", "pipelines": [{"name": name, "model": {"warmup_runs": 3}}]})
+        changed = _changed(text, after)
+        assert "+log_level: debug" in changed, (path.name, changed)
+        # nothing re-indented: the lines that change are the merged keys' (a flow mapping `model: {...}` is
+        # rewritten whole, in its own style, with the new key in it)
+        assert all("log_level" in c or "warmup_runs" in c or c.lstrip("-+ ").startswith("model:") for c in changed), (
+            path.name,
+            changed,
+        )
+        assert len(changed) <= 4, (path.name, changed)
+    quoted = (
+        'device_id: "pi-01"\nmqtt:\n    host: \'broker.local\'\n    protocol: "3.1.1"   # RabbitMQ 3.10\n'
+        'pipelines:\n-   name: "cam0"\n    source: {type: camera, uri: "/dev/video0"}\n'
+    )
+    after = merged_text(quoted, {"mqtt": {"port": 8883}})
+    assert _changed(quoted, after) == ["+    port: 8883"]

@@ -221,8 +221,8 @@ class Controller(Supervised, Hook):
         except Exception as exc:  # a bug meets an input nobody foresaw: answer it and take the next one
             log.exception("control: a command on %s failed unexpectedly", topic)
             self.gate.count_refusal(CommandError("internal", f"{type(exc).__name__}: {exc}"), topic)
-            self._answer(None, None, None, ok=False, reason="internal",
-                         detail=f"internal error: {type(exc).__name__}")  # fmt: skip
+            self._answer(None, None, None, ok=False, reason="internal", detail=f"internal error: {type(exc).__name__}",
+                         command_sha256=hashlib.sha256(payload).hexdigest())  # fmt: skip
 
     def _admit_and_run(self, topic: str, payload: bytes, response_topic: str | None, correlation: bytes | None) -> None:
         started = time.monotonic()
@@ -230,8 +230,9 @@ class Controller(Supervised, Hook):
             command = self.gate.admit(
                 topic, payload, response_topic=response_topic, correlation=correlation, check_args=self._parse_args
             )
-        except CommandError as exc:
-            self._answer(None, response_topic, correlation, ok=False, reason=exc.reason, detail=str(exc))
+        except CommandError as exc:  # no id to echo (unsigned, tampered...): the sender knows its bytes' hash
+            self._answer(None, response_topic, correlation, ok=False, reason=exc.reason, detail=str(exc),
+                         command_sha256=hashlib.sha256(payload).hexdigest())  # fmt: skip
             return
         if command.name == "status":  # read-only and quick: answered even while a job runs
             self._run(command, topic, response_topic, correlation, started)

@@ -14,6 +14,7 @@ flow or block style and quoting stay as they were, and only the keys the command
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import tempfile
 from collections.abc import Callable
@@ -54,12 +55,37 @@ def _merge_named(base: list[Any], patch: list[Any]) -> None:
 def _load(text: str) -> tuple[Any, YAML]:
     """The file's YAML (round-trip: comments, order and style survive a load and dump) and a dumper with
     the file's own indentation (guessed from its text: `  - name` lists stay indented)."""
-    data, indent, dash = load_yaml_guess_indent(text)
+    _, indent, dash = load_yaml_guess_indent(text)
     rt = YAML()
-    rt.preserve_quotes = True
+    rt.preserve_quotes = True  # a load of its own: the guess's loader drops the quotes
     rt.width = 4096  # never re-wrap the operator's long lines
-    rt.indent(mapping=indent or 2, sequence=indent or 2, offset=dash or 0)
-    return data, rt
+    # ruamel's guess is the indentation of a sequence's items (`  - name` and its keys: 4), which it would also
+    # give every mapping; the mappings' own comes from the text (2 in every shipped config)
+    rt.indent(mapping=mapping_indent(text) or indent or 2, sequence=indent or 2, offset=dash or 0)
+    return rt.load(text), rt
+
+
+def mapping_indent(text: str) -> int | None:
+    """How far a block mapping's keys sit under their parent key: the first `key:` line (nothing after the
+    colon) whose next content line is a key, not a `- ` item; None when the file has no such nesting."""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    for line, nxt in itertools.pairwise(lines):
+        head = line.split(" #", 1)[0].rstrip()
+        if not head.endswith(":") or nxt.lstrip().startswith("-"):
+            continue
+        here, there = len(line) - len(line.lstrip()), len(nxt) - len(nxt.lstrip())
+        if there > here and ":" in nxt:
+            return there - here
+    return None
+
+
+def merged_text(text: str, patch: dict[str, Any], *, replace: bool = False) -> str:
+    """The config file's text with `patch` merged in (or replacing it), in the file's own style."""
+    current, rt = _load(text)
+    new = patch if replace else merge(current or {}, patch)
+    buffer = io.StringIO()
+    rt.dump(new, buffer)
+    return buffer.getvalue()
 
 
 ConfigCheck = Callable[[Path], object]  # loads a config file as check-config does; ConfigError when it is not valid
@@ -79,13 +105,9 @@ def apply_remote_config(path: Path, patch: dict[str, Any], *, replace: bool, che
     problem) or `failed`."""
     try:
         before = path.read_bytes()
-        current, rt = _load(before.decode("utf-8"))
+        text = merged_text(before.decode("utf-8"), patch, replace=replace)
     except (OSError, YAMLError, UnicodeDecodeError) as exc:
         raise CommandError("failed", f"cannot read {path}: {exc}") from exc
-    new = patch if replace else merge(current or {}, patch)
-    buffer = io.StringIO()
-    rt.dump(new, buffer)
-    text = buffer.getvalue()
     try:
         fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".remote")
     except OSError as exc:

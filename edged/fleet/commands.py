@@ -99,17 +99,23 @@ def run_fleet_command(args: argparse.Namespace) -> int:
     target = args.device or f"group:{args.group}"
     fleet = FleetClient(broker, load_private_key(args.key))
     try:
+        # a refusal before the device trusts the command comes on its public replies topic (the default one)
+        fleet.listen(f"edged/{args.device or '+'}/events", lambda _topic, _body: None)
         replies = fleet.send(new_command(args.cmd, target, command_args))
         expect = args.expect or (1 if args.device else 1 << 30)
         answers = fleet.wait(replies, expect=expect, timeout=args.wait)
     finally:
         fleet.close()
     sys.stdout.write(json.dumps(answers, indent=2, default=str) + "\n")
+    for device, answer in sorted(answers.items()):
+        if not answer.get("ok"):
+            sys.stderr.write(f"edged fleet: device {device}: {answer.get('reason')}: {answer.get('detail')}\n")
+    refused = any(not a.get("ok") for a in answers.values())
     short = _unanswered(args, answers, expect)
-    if short:
+    if short and not refused:
         sys.stderr.write(f"edged fleet: {short}\n")
         return EXIT_UNANSWERED
-    return 0 if all(a.get("ok") for a in answers.values()) else 1
+    return 1 if refused else 0
 
 
 def _unanswered(args: argparse.Namespace, answers: dict[str, Any], expect: int) -> str | None:

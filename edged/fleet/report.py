@@ -102,7 +102,13 @@ def build_report(db: Database) -> dict[str, Any]:
 
 
 def _why(entry: dict[str, Any]) -> str:
+    if not entry["pipelines"]:  # known from its stats message or its quarantined messages only
+        return "no rows (seen only in its stats or quarantined messages)"
     if not entry["missing"]:
+        late = [p for p in entry["pipelines"] if p["before_first"] > 0]
+        if late:  # seqs before the first row never arrived: the ingest joined late, or they were lost before
+            where = ", ".join(f"{p['pipeline']} at seq {p['first_seq']}" for p in late)
+            return f"complete from where its rows start ({where}: earlier seqs never arrived here)"
         return "complete"
     parts = [f"{n} {reason}" for reason, n in sorted(entry["dropped_by_reason"].items())]
     if entry["dead_letters"]:
@@ -128,7 +134,8 @@ def render_report(report: dict[str, Any], console: Console) -> None:
             console.print(f"  quarantined messages on its topics: {refused}")
         for p in entry["pipelines"]:
             seq = f"seq {p['first_seq']}..{p['last_seq']}" if p["results"] else "no results"
-            console.print(f"  {p['pipeline']}  results {p['results']}  {seq}  missing {p['missing']}")
+            started = f"  started at seq {p['first_seq']}" if p["results"] and p["before_first"] > 0 else ""
+            console.print(f"  {p['pipeline']}  results {p['results']}  {seq}  missing {p['missing']}{started}")
             if p["gaps"]:
                 gaps = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in p["gaps"][:GAPS_SHOWN])
                 more = f" (+{len(p['gaps']) - GAPS_SHOWN} more)" if len(p["gaps"]) > GAPS_SHOWN else ""

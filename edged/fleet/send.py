@@ -1,11 +1,15 @@
 """`edged fleet`: make a signing key, and send signed commands to a device or a group, collecting replies.
 
 A command is published on the device's (or the group's) command topic with an MQTT 5 response topic of
-this sender's own and the command id as correlation data; every device that runs it answers there.
+this sender's own and the command id as correlation data; every device that runs it answers there. A device
+that refuses a command before it can trust it (a key it does not know, a tampered or stale message) sends no
+private reply and cannot echo an id it did not verify: it answers on its public replies topic with the
+SHA-256 of the bytes it got (`command_sha256`), which the sender matches against what it published.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -62,6 +66,7 @@ class FleetClient:
         self.client_id = f"edged-fleet-{uuid.uuid4().hex[:8]}"
         self.reply_topic = f"{REPLY_PREFIX}/{self.client_id}"
         self._replies: dict[str, Replies] = {}
+        self._by_digest: dict[str, Replies] = {}  # refusals that cannot echo the id: by the command's SHA-256
         self._listeners: list[tuple[str, Listener]] = []
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -104,6 +109,8 @@ class FleetClient:
         with self._lock:
             listeners = [fn for f, fn in self._listeners if paho.topic_matches_sub(f, msg.topic)]
             replies = self._replies.get(str(body.get("id"))) if msg.topic == self.reply_topic else None
+            if replies is None and body.get("id") is None and body.get("ok") is False:
+                replies = self._by_digest.get(str(body.get("command_sha256")))
         for listener in listeners:
             listener(msg.topic, body)
         if replies is None:
@@ -121,6 +128,8 @@ class FleetClient:
         props.ResponseTopic = self.reply_topic
         props.CorrelationData = envelope["id"].encode()
         signed = json.dumps(sign(envelope, self.key)).encode("utf-8")
+        with self._lock:
+            self._by_digest[hashlib.sha256(signed).hexdigest()] = replies
         self.client.publish(command_topic(envelope["cmd"], envelope["target"]), signed, qos=1,
                             properties=props).wait_for_publish(10)  # fmt: skip
         return replies

@@ -208,10 +208,13 @@ CATALOG: tuple[Reason, ...] = (
     Reason(
         "broker",
         r"broker not connected: (broker \S+ closed the connection before its CONNACK|no CONNACK from \S+ within "
-        r"[\d.]+ s)",
-        "broker not connected: no CONNACK from broker.local:1883 within 10 s",
-        "The connection opened but the broker did not accept it (overloaded, or not an MQTT broker, or TLS expected).",
-        "Check the broker's log; TLS on the port wants `mqtt.tls`.",
+        r"[\d.]+ s to an MQTT (5|3\.1\.1) CONNECT( \(trying MQTT 3\.1\.1 now\))?)",
+        "broker not connected: no CONNACK from broker.local:1883 within 10 s to an MQTT 3.1.1 CONNECT",
+        "The connection opened but the broker did not accept it. Unanswered in MQTT 5, edged tries 3.1.1 at once "
+        "(amqtt and other 3.1.1-only brokers never answer a version 5 CONNECT) and keeps the version that works; "
+        "unanswered in 3.1.1 too: overloaded, not an MQTT broker, or TLS expected.",
+        "Check the broker's log; TLS on the port wants `mqtt.tls`; a broker that speaks 3.1.1 only wants "
+        '`mqtt.protocol: "3.1.1"` (saves the first attempt).',
     ),
     Reason(
         "broker",

@@ -87,8 +87,9 @@ class Publisher(Supervised):
         self._no_retain = False  # the broker refused a retained will (0x9A): connect without retain from now on
         self.protocol = (
             cfg.protocol
-        )  # the MQTT version spoken: 3.1.1 after a broker refused 5 (see reconnect.next_protocol)
+        )  # the MQTT version spoken: 3.1.1 once a broker refused 5 or left it unanswered (reconnect.next_protocol)
         self.reconnect = Reconnect(cfg)
+        self._accepted: Literal["3.1.1", "5"] | None = None  # the version this broker accepted: kept until a restart
         self.hooks: list[Hook] = []  # what rides on the connection (session.py); added before start
         self._ears = Listeners(self._wake.set, stats, self.client_id, f"{cfg.host}:{cfg.port}", cfg.max_inflight,
                                self.pump.window, self._halt.is_set, self.hooks)  # fmt: skip
@@ -114,11 +115,14 @@ class Publisher(Supervised):
         """Connect, publish, reconnect; until asked to stop."""
         failures = 0
         while not self._halt.is_set():
+            speaking = self.protocol
             conn = self._connect()
             if conn is None or not conn.connected:
                 failures += 1
                 if conn is not None:
                     self._close(conn, offline=False)
+                if self.protocol not in (speaking, self.cfg.protocol):
+                    continue  # the version was the problem (refused, or no CONNACK): the other one at once
                 self._halt.wait(self.reconnect.retry_delay())
                 continue
             if failures:
@@ -131,8 +135,9 @@ class Publisher(Supervised):
                 up_s = time.monotonic() - conn.since
                 carried = self.pump.window.carried
                 self._halt.wait(self.reconnect.after_connection(carried=carried, up_s=up_s, blamed=bool(conn.blamed)))
-            self._use_protocol(self.cfg.protocol)  # a fallback holds for one connection: a restarting broker
-            # can close a version 5 attempt too, and must not cost the expiry of every later message
+            # the version the broker accepted is kept for the next connects (until a restart or a config change):
+            # a broker that does not speak 5 is not asked again at every reconnect (next_protocol goes back to the
+            # configured version if the remembered one fails)
 
     def _connect(self) -> Link | None:
         cfg = (
@@ -164,6 +169,18 @@ class Publisher(Supervised):
                 break
             self._wake.wait(left)
             self._wake.clear()
+        self._note_failure(conn)
+        if not self._halt.is_set():
+            where = f"{self.cfg.host}:{self.cfg.port}"
+            after = next_protocol(self.protocol, self.cfg.protocol, connected=conn.connected, refused=conn.refused,
+                                  where=where, accepted=self._accepted)  # fmt: skip
+            if conn.connected:
+                self._accepted = after
+            self._use_protocol(after)
+        return conn
+
+    def _note_failure(self, conn: Link) -> None:
+        """Why an attempt did not connect, for status (and the retain setting a broker refused)."""
         if conn.refused:
             note_error(self.stats, f"broker {self.cfg.host}:{self.cfg.port} refused the connection: {conn.refused}")
             if "0x9A" in conn.refused and not self._no_retain:  # Retain not supported: the will was retained
@@ -172,13 +189,12 @@ class Publisher(Supervised):
         elif not conn.connected and conn.closed:
             note_error(self.stats, f"broker {self.cfg.host}:{self.cfg.port} closed the connection before its CONNACK")
         elif not conn.connected:
-            note_error(self.stats, f"no CONNACK from {self.cfg.host}:{self.cfg.port} within {CONNECT_TIMEOUT_S:.0f} s")
-        if not self._halt.is_set():
-            where = f"{self.cfg.host}:{self.cfg.port}"
-            after = next_protocol(self.protocol, self.cfg.protocol, connected=conn.connected, refused=conn.refused,
-                                  closed=conn.closed, where=where)  # fmt: skip
-            self._use_protocol(after)
-        return conn
+            fallback = " (trying MQTT 3.1.1 now)" if self.protocol == "5" else ""
+            note_error(
+                self.stats,
+                f"no CONNACK from {self.cfg.host}:{self.cfg.port} within {CONNECT_TIMEOUT_S:.0f} s to an MQTT "
+                f"{self.protocol} CONNECT{fallback}",
+            )
 
     def _use_protocol(self, protocol: Literal["3.1.1", "5"]) -> None:
         if protocol == self.protocol:

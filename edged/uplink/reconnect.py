@@ -89,14 +89,15 @@ def next_protocol(
     *,
     connected: bool,
     refused: str | None,
-    closed: bool,
     where: str,
+    accepted: Literal["3.1.1", "5"] | None = None,
 ) -> Literal["3.1.1", "5"]:
     """The MQTT version for the next attempt, after one with `speaking`. MQTT 3.1.1 for a broker that does not
-    speak 5: one that answers a version 5 CONNECT with 0x84, or closes the connection without a CONNACK
-    (RabbitMQ before 3.13). If 3.1.1 fails too, the version was not the problem: back to the configured one.
-    (The publisher goes back to the configured version after each connection, too: a restarting broker can
-    close a version 5 attempt, and that must not cost the expiry of every later message.)"""
+    speak 5: one that answers a version 5 CONNECT with 0x84 (Aedes), closes the connection without a CONNACK
+    (RabbitMQ before 3.13), or never answers it (amqtt). If 3.1.1 fails too, the version was not the problem:
+    back to the configured one, unless the broker has `accepted` that version before (then a failure is a
+    restart or an overload, not the version: it stays). The publisher tries the other version at once, and
+    keeps the one a broker accepted for its next connects."""
     if connected:
         if speaking != configured:
             log.warning(
@@ -106,7 +107,9 @@ def next_protocol(
             )
         return speaking
     refused_version = refused is not None and "0x84" in refused
-    if speaking == "5" and (refused_version or (closed and refused is None)):
-        log.info("mqtt: trying MQTT 3.1.1: the broker refused an MQTT 5 connection")
+    if speaking == "5" and (refused_version or refused is None):  # refused for its version, closed, or no CONNACK
+        log.info("mqtt: trying MQTT 3.1.1: %s refused or left unanswered an MQTT 5 connection", where)
         return "3.1.1"
+    if accepted is not None and not refused_version:
+        return accepted
     return configured
