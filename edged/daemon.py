@@ -40,6 +40,7 @@ from edged.store.spool import Spool
 from edged.uplink.homeassistant import STATE_FILE as HA_STATE_FILE
 from edged.uplink.homeassistant import Discovery
 from edged.uplink.publisher import Publisher, topic_for
+from edged.uplink.replay import ReplayRequests
 from edged.uplink.session import Announce
 from edged.uplink.sidechannel import SideChannel
 from edged.uplink.statsmessage import StatsMessage
@@ -154,6 +155,7 @@ class Daemon:
         self.status_server: StatusServer | None = None
         self.state_lock: StateLock | None = None
         self.controller: Controller | None = None
+        self.replay: ReplayRequests | None = None  # answers consumers' replay requests (uplink/replay.py)
         self.metrics: list[MetricsServer | TextfileWriter] = []
         self.report = Report(self)  # the status JSON, health and reasons: a pure read of the parts above
 
@@ -176,6 +178,11 @@ class Daemon:
                 self.publisher = Publisher(cfg.mqtt, cfg.device_id, self.spool, self.mqtt_stats, on_death=self._fatal)
                 if cfg.mqtt.stats_interval_s:
                     self.publisher.add_hook(StatsMessage(cfg.mqtt, cfg.device_id, self.report.snapshot))
+                if cfg.mqtt.replay_topic and self.spool.window.enabled:
+                    self.replay = ReplayRequests(
+                        self.spool, cfg.device_id, topic_for(cfg.mqtt.replay_topic, cfg.device_id)
+                    )
+                    self.publisher.add_hook(self.replay)
                 self._wire_control()
                 self._wire_homeassistant()
             models = self._load_models()

@@ -22,6 +22,7 @@ from edged.ops.status import StatusServer
 from edged.pipeline.runner import PipelineRunner
 from edged.store.spool import Spool
 from edged.uplink.publisher import Publisher
+from edged.uplink.replay import ReplayRequests
 
 
 class Parts(Protocol):
@@ -47,6 +48,8 @@ class Parts(Protocol):
     def status_server(self) -> StatusServer | None: ...
     @property
     def controller(self) -> Controller | None: ...
+    @property
+    def replay(self) -> ReplayRequests | None: ...
     @property
     def metrics(self) -> Sequence[MetricsServer | TextfileWriter]: ...
 
@@ -106,7 +109,7 @@ class Report:
             "uptime_s": round(time.monotonic() - d.started, 1),
             "pipelines": pipelines,
             "spool": spool,
-            "mqtt": d.mqtt_stats.snapshot(),
+            "mqtt": d.mqtt_stats.snapshot() | {"replay": d.replay.snapshot() if d.replay is not None else None},
             "reload": d.reloader.status(),
             "control": d.controller.snapshot() if d.controller is not None else None,
         }

@@ -1,6 +1,7 @@
-"""One commit of the spool writer, as one SQLite transaction: acknowledged rows deleted, refusals and dead
-letters recorded, the TTL and the capacity applied (eviction.py), the batch inserted, and the seq marks and
-totals saved with it, so that what a crash leaves is always one consistent state."""
+"""One commit of the spool writer, as one SQLite transaction: acknowledged rows moved to the replay window
+(window.py), refusals and dead letters recorded, the TTL and the capacity applied (eviction.py), the batch
+inserted, and the seq marks and totals saved with it, so that what a crash leaves is always one consistent
+state."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from edged.store.eviction import Totals, expire, make_room, maybe_reclaim
 from edged.store.outbox import Batch
 from edged.store.settings import SpoolConfig
 from edged.store.spoolspace import SpaceGuard
+from edged.store.window import ReplayWindow
 
 
 def write_batch(
@@ -26,14 +28,17 @@ def write_batch(
     space: SpaceGuard,
     dead_letter_after: int,
     gaps: list[dict[str, Any]],
+    window: ReplayWindow,
 ) -> Totals:
     """Commit `batch`; the totals after it. `keep`: acknowledged rows whose delete is in this batch (never
     evicted or expired first); `marks`: the seqs this commit makes settled. On an error the transaction is
     left open for the caller to roll back."""
     n = before.copy()
     spooldb.begin(conn)
+    window.write(conn, batch.acks, batch.sent, clock)  # acknowledged: kept a while for a replay request
     rows, size = spooldb.delete_ids(conn, batch.acks)
     n.depth, n.bytes = n.depth - rows, n.bytes - size
+    window.trim(conn, clock, rows + len(batch.sent), size + sum(len(r.payload) for r in batch.sent))
     spooldb.save_tries(conn, batch.tries)
     if batch.dead:
         moved = spooldb.move_to_dead_letters(conn, batch.dead, dead_letter_after)

@@ -12,6 +12,7 @@ Not thread-safe by itself: the spool calls it with its lock held.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -27,9 +28,10 @@ class Batch:
     tries: dict[int, int] = field(default_factory=dict)  # committed row id -> refusals so far
     dead: dict[int, str] = field(default_factory=dict)  # committed row id -> reason
     dead_rows: list[tuple[Row, str]] = field(default_factory=list)  # never committed, dead on arrival
+    sent: list[Row] = field(default_factory=list)  # acknowledged before their commit: into the replay window
 
     def __bool__(self) -> bool:
-        return bool(self.rows or self.acks or self.tries or self.dead or self.dead_rows)
+        return bool(self.rows or self.acks or self.tries or self.dead or self.dead_rows or self.sent)
 
 
 class Outbox:
@@ -49,6 +51,9 @@ class Outbox:
         self.dead: dict[int, str] = {}  # refused dead_letter_after times: never sent again
         self._dead_due: dict[int, str] = {}
         self.acked_pending = 0  # results acknowledged before their commit (never written)
+        self.keep_sent = True  # acknowledged results go to the replay window (spool.replay_max_bytes > 0)
+        self.sent_due: list[Row] = []  # acknowledged before their commit: written to the window lazily
+        self.sent_since: float | None = None  # monotonic time the oldest of them waits since
 
     # -- producers -------------------------------------------------------------------------------------
 
@@ -97,7 +102,11 @@ class Outbox:
                 continue  # acknowledged after all, but already set aside: it stays a dead letter
             row = self.pending.pop(row_id, None)
             if row is not None and row_id > self.writing_upto:
-                self.acked_pending += 1  # delivered before its commit: nothing to write
+                self.acked_pending += 1  # delivered before its commit: only the replay window gets it
+                if self.keep_sent:
+                    if not self.sent_due:
+                        self.sent_since = time.monotonic()
+                    self.sent_due.append(row)
                 continue
             if row_id not in self.acked:
                 self.acked.add(row_id)
@@ -144,6 +153,7 @@ class Outbox:
                 batch.rows.append(row._replace(tries=self._tries.get(row_id, 0)))
             self.writing_upto = row_id
         batch.acks, self._acks = self._acks, []
+        batch.sent, self.sent_due, self.sent_since = self.sent_due, [], None
         batch.tries, self._tries_due = self._tries_due, {}
         batch.dead = {i: r for i, r in self._dead_due.items() if i not in self.pending}
         for row_id in batch.dead:
@@ -165,6 +175,15 @@ class Outbox:
         for row_id in [*batch.dead, *(row.id for row, _ in batch.dead_rows)]:
             self._tries.pop(row_id, None)
             self.dead.pop(row_id, None)  # out of `results` now: nothing left to skip
+
+    def add_again(self, rows: Iterable[Row]) -> int:
+        """Results from the replay window, sent again under new ids (a consumer asked for them); how many."""
+        count = 0
+        for row in rows:
+            row_id = self.take_id()
+            self.pending[row_id] = row._replace(id=row_id, tries=0)
+            count += 1
+        return count
 
     def has_due(self) -> bool:
         """Deletes, refusal counts or dead letters wait for a commit."""

@@ -38,3 +38,12 @@ class SpoolConfig(Strict):
     on_full: Literal["drop_oldest", "drop_newest"] = Field("drop_oldest", description="What gives way when full.")
     min_free_bytes: Size = Field(64 * 2**20, description="Free space the spool leaves on the filesystem.")
     ballast_bytes: Size = Field(16 * 2**20, description="Ballast released on a full disk so SQLite can evict.")
+    replay_window: Duration = Field(
+        3600.0,
+        description="How long a result the broker acknowledged stays in the spool for a consumer's replay request "
+        "(docs/mqtt.md: a broker that crashes loses what it acknowledged); seconds, or 45s / 30m / 12h.",
+    )
+    replay_max_bytes: Size = Field(
+        16 * 2**20,
+        description="... and at most this many payload bytes of them (oldest go first); 0 keeps none (no replay).",
+    )

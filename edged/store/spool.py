@@ -48,6 +48,7 @@ from edged.store.seqlease import SeqAllocator, SeqGap
 from edged.store.settings import SpoolConfig
 from edged.store.spooldb import Row
 from edged.store.spoolspace import SpaceGuard
+from edged.store.window import SENT_BATCH, SENT_FLUSH_S, ReplayWindow
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,9 @@ class Spool:
         self._appended: dict[str, int] = self.seqs.last()
         self._caps: dict[str, int] = {g.pipeline: g.first - 1 for g in self.seqs.gaps}
         self.outbox = Outbox(state["next_id"], dead_letter_after)
+        self.window = ReplayWindow(cfg, self._wconn)
+        self.outbox.keep_sent = self.window.enabled
+        self.replayed = 0  # results sent again from the window on a consumer's request
         self._clock_base = float(state["clock"])
         self._mono0 = time.monotonic()
         if self._n.depth:
@@ -302,6 +306,8 @@ class Spool:
                 "error": (self.check and self.check.damage) or self._write_error or self.seqs.error,
                 "space_warning": self.space.warning,
                 "seq_gaps": list(self.gap_log.entries),
+                "replay_window": self.window.snapshot(),
+                "replayed": self.replayed,
             }
         try:
             disk_free = free_bytes(self.path.parent)
@@ -313,6 +319,43 @@ class Spool:
             "recovered_from": str(self.recovered_from) if self.recovered_from else None,
         }
         return snapshot
+
+    def window_rows(self, pipeline: str, first: int, last: int, limit: int) -> tuple[list[Row], list[int]]:
+        """(results of one stream with first <= seq <= last the broker acknowledged, by seq, at most `limit`;
+        the seqs among them still waiting for their first delivery). The acknowledged ones are in the window,
+        or still in memory on their way there, or committed with their delete due."""
+        with self._rlock:
+            kept = spooldb.sent_rows(self._rconn, pipeline, first, last, limit)
+            stored = spooldb.stream_rows(self._rconn, pipeline, first, last, limit)
+        with self._cond:
+            box = self.outbox
+            acked = [r for r in stored if r.id in box.acked]
+            kept += acked + [r for r in box.sent_due if r.pipeline == pipeline and first <= r.seq <= last]
+            waiting = [r.seq for r in stored if r.id not in box.acked and r.id not in box.dead]
+            waiting += [r.seq for r in box.pending.values() if r.pipeline == pipeline and first <= r.seq <= last]
+        unique = {r.seq: r for r in kept}
+        return [unique[s] for s in sorted(unique)][:limit], sorted(set(waiting) - set(unique))
+
+    def window_span(self, pipeline: str) -> list[int] | None:
+        """[lowest, highest] seq of one stream in the replay window, or None."""
+        with self._rlock:
+            span = spooldb.sent_span(self._rconn, pipeline)
+        with self._cond:  # and those on their way there
+            seqs = [r.seq for r in self.outbox.sent_due if r.pipeline == pipeline] + (list(span) if span else [])
+        return [min(seqs), max(seqs)] if seqs else None
+
+    def send_again(self, rows: list[Row]) -> int:
+        """Hand results from the window to the publisher again (never blocks: a replay is bounded by its
+        request); how many."""
+        with self._cond:
+            if self._closing:
+                return 0
+            count = self.outbox.add_again(rows)
+            self.replayed += count
+            self._changes += count
+            self._cond.notify_all()
+        self._notify()
+        return count
 
     def _depth(self) -> int:
         return self._n.depth - len(self.outbox.acked) + self.outbox.unacked_pending()
@@ -354,6 +397,10 @@ class Spool:
             waits.append(first.clock + self.batch_s - self.clock())
         if self._due_since is not None:
             waits.append(self._due_since + self.batch_s - time.monotonic())
+        if box.sent_since is not None:  # acknowledged results for the replay window: lazily, in big batches
+            if len(box.sent_due) >= SENT_BATCH:
+                return 0.0
+            waits.append(box.sent_since + SENT_FLUSH_S - time.monotonic())
         if not waits:
             return None
         return max(0.0, min(waits))
@@ -364,7 +411,7 @@ class Spool:
             try:
                 n = write_batch(self._wconn, self._n, batch, keep=keep, marks=marks, clock=self.clock(), cfg=self.cfg,
                                 space=self.space, dead_letter_after=self.dead_letter_after,
-                                gaps=self.gap_log.entries)  # fmt: skip
+                                gaps=self.gap_log.entries, window=self.window)  # fmt: skip
                 with self._cond:
                     self._write_error = None
                 self.seqs.retry()
@@ -372,6 +419,7 @@ class Spool:
             except sqlite3.Error as exc:
                 if self._wconn.in_transaction:
                     spooldb.rollback(self._wconn)
+                self.window.recount(self._wconn)
                 self._note_write_error(exc)
                 if spooldb.is_disk_full(exc):
                     self.space.on_disk_full()

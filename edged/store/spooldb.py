@@ -45,6 +45,16 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     reason TEXT NOT NULL,
     dead_ts REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS sent (   -- the replay window: results the broker acknowledged (window.py)
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    pipeline TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    clock REAL NOT NULL,         -- spool clock when it entered the window (acknowledged)
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS sent_seq ON sent (pipeline, seq);
 """
 SIDE_FILES = ("-wal", "-shm")
 FILE_MODE = 0o640  # the spool: the daemon and its group (an operator in it may read results), nobody else
@@ -304,6 +314,79 @@ def delete_ids(conn: sqlite3.Connection, ids: list[int]) -> tuple[int, int]:
     count, size = conn.execute(SIZE_OF_IDS, arg).fetchone()
     conn.execute(DELETE_IDS, arg)
     return int(count), int(size)
+
+
+# -- the replay window (window.py) ---------------------------------------------------------------------------
+
+COPY_TO_SENT = (
+    "INSERT OR REPLACE INTO sent (pipeline, seq, ts, clock, topic, payload) SELECT pipeline, seq, ts, ?, topic, "
+    "payload FROM results WHERE id IN (SELECT value FROM json_each(?)) ORDER BY id"
+)
+INSERT_SENT = "INSERT OR REPLACE INTO sent (pipeline, seq, ts, clock, topic, payload) VALUES (?, ?, ?, ?, ?, ?)"
+TRIM_WALK = 500  # window rows one trim step reads
+
+
+def copy_to_sent(conn: sqlite3.Connection, ids: list[int], clock: float) -> None:
+    """Committed results the broker acknowledged, copied into the window before their delete."""
+    if ids:
+        conn.execute(COPY_TO_SENT, (clock, json.dumps(ids)))
+
+
+def insert_sent(conn: sqlite3.Connection, rows: list[Row], clock: float) -> None:
+    """Results acknowledged before they were ever committed, into the window."""
+    conn.executemany(INSERT_SENT, [(r.pipeline, r.seq, r.ts, clock, r.topic, r.payload) for r in rows])
+
+
+def sent_size(conn: sqlite3.Connection) -> tuple[int, int]:
+    """(rows, payload bytes) in the window."""
+    rows, size = conn.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM sent").fetchone()
+    return int(rows), int(size)
+
+
+def trim_sent(conn: sqlite3.Connection, before_clock: float, over_bytes: int) -> tuple[int, int]:
+    """Delete the window's oldest rows: those that entered before `before_clock`, and then as many as free
+    `over_bytes`; (rows, bytes) deleted. Rows enter in clock order: the walk stops at the first it keeps."""
+    rows = size = 0
+    while True:
+        ids = []
+        walked = conn.execute("SELECT id, clock, LENGTH(payload) FROM sent ORDER BY id LIMIT ?", (TRIM_WALK,))
+        for row_id, clock, length in walked.fetchall():
+            if clock >= before_clock and size >= over_bytes:
+                break
+            ids.append(int(row_id))
+            size += int(length)
+        if not ids:
+            return rows, size
+        conn.execute("DELETE FROM sent WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),))
+        rows += len(ids)
+        if len(ids) < TRIM_WALK:
+            return rows, size
+
+
+def sent_rows(conn: sqlite3.Connection, pipeline: str, first: int, last: int, limit: int) -> list[Row]:
+    """The window's rows of one stream with first <= seq <= last, by seq (id 0: not a spool row)."""
+    cur = conn.execute(
+        "SELECT pipeline, seq, ts, clock, topic, payload FROM sent WHERE pipeline = ? AND seq BETWEEN ? AND ? "
+        "ORDER BY seq LIMIT ?",
+        (pipeline, first, last, limit),
+    )
+    return [Row(0, p, int(s), float(t), float(c), str(tp), bytes(pl)) for p, s, t, c, tp, pl in cur]
+
+
+def stream_rows(conn: sqlite3.Connection, pipeline: str, first: int, last: int, limit: int) -> list[Row]:
+    """The spool's own rows (not the window's) of one stream with first <= seq <= last."""
+    cur = conn.execute(
+        "SELECT id, pipeline, seq, ts, clock, topic, payload, tries FROM results WHERE pipeline = ? AND seq "
+        "BETWEEN ? AND ? LIMIT ?",
+        (pipeline, first, last, limit),
+    )
+    return [Row(*r) for r in cur]
+
+
+def sent_span(conn: sqlite3.Connection, pipeline: str) -> tuple[int, int] | None:
+    """The lowest and highest seq of a stream in the window, or None."""
+    low, high = conn.execute("SELECT MIN(seq), MAX(seq) FROM sent WHERE pipeline = ?", (pipeline,)).fetchone()
+    return None if low is None else (int(low), int(high))
 
 
 EXPIRE_MAX = 5000  # rows one commit expires at most: the rest go in the next ones (a bounded transaction)

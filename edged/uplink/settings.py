@@ -108,12 +108,22 @@ class MqttConfig(Strict):
     stats_interval_s: float = Field(60.0, ge=0, description="Stats message every this many seconds; 0 = off.")
     stats_topic: str = Field("edged/{device_id}/stats", description="Stats message topic template.")
     stats_retain: bool = Field(True, description="Retain the stats message.")
+    replay_topic: str = Field(
+        "edged/{device_id}/replay",
+        description="Replay requests come on <this>/request and are answered on <this>/answer (docs/mqtt.md: a "
+        "consumer asks for results a broker lost after acknowledging them); empty: no replay.",
+    )
     message_expiry: bool = Field(True, description="MQTT 5: messages expire when their spool TTL would.")
 
     @field_validator("topic", "events_topic", "gaps_topic", "availability_topic", "stats_topic")
     @classmethod
     def _publishable_topic(cls, value: str) -> str:
         return check_topic_template(value)
+
+    @field_validator("replay_topic")
+    @classmethod
+    def _replay_topic(cls, value: str) -> str:
+        return check_topic_template(value) if value else value
 
     @model_validator(mode="after")
     def _backoff_order(self) -> MqttConfig:

@@ -1,0 +1,62 @@
+"""The replay window: results the broker acknowledged, kept in the spool (`sent` table) for a while.
+
+A PUBACK is the broker's word, held in its memory: a broker that crashes (or a bridge, or a cluster node)
+loses what it acknowledged and nothing on the device knows (docs/mqtt.md: "Replay"). So an acknowledged result
+is not forgotten at once: it moves to the window, where it stays for `spool.replay_window` (1 h) and within
+`spool.replay_max_bytes` (16 MiB), oldest first out, and a consumer that finds seqs missing can ask for them
+again (uplink/replay.py answers). Results acknowledged before their commit (a healthy online device) reach the
+window in lazy batches, every SENT_FLUSH_S or SENT_BATCH rows; the window is best effort across a power cut
+(a result in it was delivered once already).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from edged.store import spooldb
+from edged.store.settings import SpoolConfig
+from edged.store.spooldb import Row
+
+SENT_FLUSH_S = 5.0  # acknowledged results wait in memory at most this long before they are written to the window
+SENT_BATCH = 512  # ... or until this many wait
+
+
+class ReplayWindow:
+    """The window's policy and size (rows and payload bytes, as the last commit left them)."""
+
+    def __init__(self, cfg: SpoolConfig, conn: sqlite3.Connection) -> None:
+        self.window_s = cfg.replay_window
+        self.max_bytes = cfg.replay_max_bytes
+        self.rows, self.bytes = spooldb.sent_size(conn)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether acknowledged results are kept at all."""
+        return self.max_bytes > 0
+
+    def write(self, conn: sqlite3.Connection, acked: list[int], sent: list[Row], clock: float) -> None:
+        """In the commit's transaction, before `acked` rows are deleted from `results`: copy them and the rows
+        acknowledged before their commit into the window, then trim it by age and size."""
+        if not self.enabled:
+            return
+        spooldb.copy_to_sent(conn, acked, clock)
+        spooldb.insert_sent(conn, sent, clock)
+
+    def trim(self, conn: sqlite3.Connection, clock: float, added_rows: int, added_bytes: int) -> None:
+        """After the window got `added_*` (same transaction): the oldest go, by age and then by size. The counts
+        are kept, not recounted (a replaced seq counts twice until the next start: the cap errs on the safe
+        side)."""
+        if not self.enabled:
+            return
+        self.rows, self.bytes = self.rows + added_rows, self.bytes + added_bytes
+        over = max(0, self.bytes - self.max_bytes)
+        rows, size = spooldb.trim_sent(conn, clock - self.window_s, over)
+        self.rows, self.bytes = max(0, self.rows - rows), max(0, self.bytes - size)
+
+    def recount(self, conn: sqlite3.Connection) -> None:
+        """After a rolled-back commit: the counts from the table."""
+        self.rows, self.bytes = spooldb.sent_size(conn)
+
+    def snapshot(self) -> dict[str, float | int]:
+        """The `spool.replay_window` entry of the status JSON."""
+        return {"rows": self.rows, "bytes": self.bytes, "max_bytes": self.max_bytes, "window_s": self.window_s}

@@ -1,0 +1,71 @@
+"""The replay window and replay requests on a real daemon through Mosquitto (uplink/replay.py, store/window.py):
+results the broker acknowledged are sent again on request, byte for byte on their own topic; what the window
+does not hold is answered as gone; bad requests are refused and answered, and results keep flowing."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as paho
+import pytest
+from conftest import Broker, StartDaemon, Subscribe, base_config, make_tiny_model, make_video, wait_for, write_config
+from paho.mqtt.enums import CallbackAPIVersion
+
+
+def _ask(broker: Broker, topic: str, body: Any) -> None:
+    client = paho.Client(CallbackAPIVersion.VERSION2)
+    client.connect(broker.host, broker.port)
+    client.loop_start()
+    payload = body if isinstance(body, bytes) else json.dumps(body).encode()
+    client.publish(topic, payload, qos=1).wait_for_publish(10)
+    client.loop_stop()
+    client.disconnect()
+
+
+@pytest.mark.integration
+def test_a_replay_request_sends_acknowledged_results_again_and_says_what_is_gone(
+    tmp_path: Path, broker: Broker, subscribe: Subscribe, start_daemon: StartDaemon
+) -> None:
+    model, video = make_tiny_model(tmp_path / "tiny.onnx"), make_video(tmp_path / "v.mp4", 30)
+    cfg: dict[str, Any] = base_config(tmp_path, model, str(video), broker=broker, fps=20, loop=True, stop_at_end=False)
+    device = cfg["device_id"]
+    sub = subscribe(broker, f"edged/{device}/#")
+    daemon = start_daemon(write_config(tmp_path / "edged.yaml", cfg))
+    wait_for(lambda: len(sub.results()) >= 30, 60, "30 results")
+    first = {json.loads(p)["seq"]: p for t, p, _ in list(sub.messages) if t.endswith("/results")}
+    request = f"edged/{device}/replay/request"
+    _ask(broker, request, {"v": 1, "id": "r1", "pipeline": "cam0", "ranges": [[2, 5], [10**9, 10**9]]})
+
+    def answer(rid: str | None) -> dict[str, Any] | None:
+        for body in (json.loads(p) for p, _ in sub.payloads(f"edged/{device}/replay/answer")):
+            if body.get("id") == rid:
+                return body  # type: ignore[no-any-return]
+        return None
+
+    got = wait_for(lambda: answer("r1"), 30, "the answer to r1")
+    assert got["replayed"] == [[2, 5]]
+    assert got["gone"] == [[10**9, 10**9]]
+    assert got["window"][0] <= 2
+    wait_for(lambda: sum(1 for m in sub.results() if m["seq"] in (2, 3, 4, 5)) >= 8, 30, "2..5 a second time")
+    again = [p for t, p, _ in list(sub.messages) if t.endswith("/results") and json.loads(p)["seq"] in (2, 3, 4, 5)]
+    assert sorted(again) == sorted([first[s] for s in (2, 3, 4, 5)] * 2)  # the same bytes, on the same topic
+    # refused and answered: malformed, too many seqs; nothing sent again for them
+    _ask(broker, request, b"\x00not json")
+    _ask(broker, request, {"v": 1, "id": "big", "pipeline": "cam0", "ranges": [[1, 6000]]})
+    big = wait_for(lambda: answer("big"), 30, "the answer to the large request")
+    assert big["refused"] == "too_large"
+    wait_for(lambda: answer(None), 30, "the answer to the malformed request")
+    assert answer(None)["refused"] in ("not_utf8", "malformed", "not_json")  # type: ignore[index]
+    snap = wait_for(lambda: (s := daemon.status()) and s["mqtt"]["replay"]["refused"] >= 2 and s, 30, "counted")
+    assert snap["spool"]["replayed"] == 4
+    assert snap["mqtt"]["replay"]["replayed"] == 4
+    assert snap["spool"]["replay_window"]["rows"] > 0
+    assert snap["state"] == "running", snap["reasons"]
+    # aftermath: new results keep coming with new seqs
+    top = max(m["seq"] for m in sub.results())
+    wait_for(lambda: max(m["seq"] for m in sub.results()) >= top + 10, 30, "new results after the replays")
+    code, err = daemon.stop(signal.SIGTERM)
+    assert code == 0, err[-2000:]
