@@ -267,6 +267,15 @@ def _ingest_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     i.add_argument("--stats-topic", default="edged/+/stats", help="the devices' stats topic filter")
     i.add_argument("--batch", type=int, default=1000, help="results per transaction at most")
     i.add_argument("--session-expiry", type=int, default=86_400, help="seconds the broker keeps our session")
+    i.add_argument(
+        "--replay-topic",
+        default="edged/{device_id}/replay",
+        help="ask a device for seqs that did not arrive on <this>/request, read its answers on <this>/answer "
+        "(docs/mqtt.md: Replay); '' never asks",
+    )
+    i.add_argument(
+        "--replay-after", type=float, default=5.0, help="seconds a seq may be missing before it is asked for"
+    )
     _broker_args(i)
 
 

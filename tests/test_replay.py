@@ -14,6 +14,10 @@ import pytest
 from conftest import Broker, StartDaemon, Subscribe, base_config, make_tiny_model, make_video, wait_for, write_config
 from paho.mqtt.enums import CallbackAPIVersion
 
+from edged.fleet.ingest import Ingest, IngestOptions
+from edged.fleet.ingestdb import open_database
+from edged.fleet.report import build_report
+
 
 def _ask(broker: Broker, topic: str, body: Any) -> None:
     client = paho.Client(CallbackAPIVersion.VERSION2)
@@ -69,3 +73,48 @@ def test_a_replay_request_sends_acknowledged_results_again_and_says_what_is_gone
     wait_for(lambda: max(m["seq"] for m in sub.results()) >= top + 10, 30, "new results after the replays")
     code, err = daemon.stop(signal.SIGTERM)
     assert code == 0, err[-2000:]
+
+
+@pytest.mark.integration
+def test_a_broker_crash_loses_nothing_through_edged_ingest(
+    tmp_path: Path, own_broker: Broker, start_daemon: StartDaemon
+) -> None:
+    """The loss the issue measured, made certain: Mosquitto (no persistence, as by default) queues for the ingest's
+    persistent session while the ingest is away, acknowledging every result to the device, and is killed with
+    -9: the queue is gone. The ingest back on the restarted broker sees the seqs jump, asks the device, and the
+    device sends them again from its window: every seq lands, the report counts them recovered, none lost."""
+    own_broker.start()
+    url = str(tmp_path / "r.db")
+    opts = IngestOptions(host=own_broker.host, port=own_broker.port, client_id="ingest-crash", replay_after_s=1.0)
+    ingest = Ingest(opts, open_database(url))
+    ingest.start()
+    model, video = make_tiny_model(tmp_path / "tiny.onnx"), make_video(tmp_path / "v.mp4", 30)
+    cfg: dict[str, Any] = base_config(tmp_path, model, str(video), broker=own_broker, fps=30, loop=True,
+                                      stop_at_end=False)  # fmt: skip
+    device = cfg["device_id"]
+    daemon = start_daemon(write_config(tmp_path / "edged.yaml", cfg))
+    wait_for(lambda: ingest.snapshot()["inserted"] >= 20, 60, "20 rows through the ingest")
+    ingest.stop()  # away: the broker queues for its session
+    published = daemon.status()["mqtt"]["published"]  # type: ignore[index]
+    wait_for(lambda: daemon.status()["mqtt"]["published"] >= published + 100, 60, "100 more acknowledged")  # type: ignore[index]
+    assert own_broker.proc is not None
+    own_broker.proc.kill()  # kill -9: what it acknowledged and queued is gone
+    own_broker.proc.wait()
+    own_broker.proc = None
+    own_broker.start()
+    ingest = Ingest(opts, open_database(url))
+    ingest.start()
+
+    def report() -> dict[str, Any]:
+        return next(d for d in build_report(open_database(url))["devices"] if d["device"] == device)  # type: ignore[no-any-return]
+
+    wait_for(lambda: (r := report())["missing"] == 0 and r["recovered"] >= 100, 120, "every seq, recovered by replay")
+    got = ingest.snapshot()["replay"]
+    ingest.stop()
+    daemon.stop(signal.SIGTERM)
+    entry = report()
+    assert entry["unexplained"] == 0
+    assert entry["gone"] == 0
+    assert entry["pipelines"][0]["first_seq"] == 1
+    assert got["recovered"] >= 100
+    assert got["requests"] >= 1

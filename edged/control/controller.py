@@ -111,7 +111,8 @@ class Controller(Supervised, Hook):
         self._lock = threading.Lock()
         self._busy = 0
         self._busy_answered = -BUSY_ANSWER_EVERY_S
-        self._job: Supervised | None = None  # the command running on edged-control-job, if any
+        self._job: Supervised | None = None  # the command running on edged-control-job, if any (busy until answered)
+        self._job_thread: Supervised | None = None  # its thread, until it ended (a stop waits for it)
         self._job_what = ""
         self._job_since = 0.0
         self._tap: FrameTap | None = None  # the one a `record` waits on: a stop ends the recording early
@@ -199,7 +200,7 @@ class Controller(Supervised, Hook):
         self._queue.put(None)
         if self.is_alive():
             self.join(timeout)
-        job = self._job
+        job = self._job_thread
         if job is not None and job.is_alive():
             job.join(max(0.0, deadline - time.monotonic()))
 
@@ -254,9 +255,9 @@ class Controller(Supervised, Hook):
                 took = started - self._job_since
                 return f"busy with {self._job_what} for {took:.0f} s; send it again once that is answered"
             self._job_what, self._job_since = f"{command.name} (id {command.id})", started
-            job = self._job = Supervised(
+            job = self._job = self._job_thread = Supervised(
                 "edged-control-job",
-                target=lambda: self._run(command, topic, response_topic, correlation, started),
+                target=lambda: self._run(command, topic, response_topic, correlation, started, job=True),
                 on_death=lambda why: self._answer(
                     command, response_topic, correlation, ok=False, reason="failed", detail=f"internal error: {why}"
                 ),
@@ -265,12 +266,25 @@ class Controller(Supervised, Hook):
         return None
 
     def _run(
-        self, command: Command, topic: str, response_topic: str | None, correlation: bytes | None, started: float
+        self,
+        command: Command,
+        topic: str,
+        response_topic: str | None,
+        correlation: bytes | None,
+        started: float,
+        *,
+        job: bool = False,
     ) -> None:
-        """Run an admitted command and answer it."""
+        """Run an admitted command and answer it (a job is over before its answer goes: whoever reads the answer
+        may send the next command at once, and must not find this one still busy)."""
         _, handler = self._handlers[command.name]
         try:
-            ok, detail = handler(self._parse_args(command.name, command.args))
+            try:
+                ok, detail = handler(self._parse_args(command.name, command.args))
+            finally:
+                if job:
+                    with self._lock:
+                        self._job = None
         except CommandError as exc:
             if exc.reason in REFUSALS:
                 self.gate.count_refusal(exc, topic)

@@ -38,6 +38,8 @@ def _options(args: argparse.Namespace) -> IngestOptions:
         batch=max(1, args.batch),
         receive_max=max(4 * args.batch, 100),
         session_expiry_s=args.session_expiry,
+        replay_topic=args.replay_topic,
+        replay_after_s=max(0.0, args.replay_after),
         ca_file=args.ca_file,
         cert_file=args.cert_file,
         key_file=args.key_file_tls,

@@ -28,11 +28,21 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from edged.core.backoff import Backoff
-from edged.core.errors import IngestDataError, IngestError
+from edged.core.errors import IngestDataError, IngestError, InputError
+from edged.core.safejson import loads
 from edged.core.secrets import read_secret
 from edged.core.threads import Supervised
-from edged.fleet.ingestdb import QUARANTINE_KEEP_BYTES, Database, GapRow, QuarantineRow, ResultRow, StatsRow
+from edged.fleet.ingestdb import (
+    QUARANTINE_KEEP_BYTES,
+    Database,
+    GapRow,
+    QuarantineRow,
+    ReplayRow,
+    ResultRow,
+    StatsRow,
+)
 from edged.fleet.ingestparse import RefusedError, parse_gap, parse_results, parse_stats, topic_identity, wildcard_levels
+from edged.fleet.replayer import Replayer
 from edged.uplink.mqttclient import BrokerAccess, make_client
 
 log = logging.getLogger(__name__)
@@ -54,6 +64,8 @@ class IngestOptions:
     events_topic: str = "edged/+/+/events"  # a tracking pipeline's events: rows keyed "<pipeline>/events"
     stats_topic: str = "edged/+/stats"
     gaps_topic: str = "edged/+/+/gaps"  # seq ranges a device declared uncertain after an unclean stop
+    replay_topic: str = "edged/{device_id}/replay"  # ask devices for missing seqs (replayer.py); "" never asks
+    replay_after_s: float = 5.0  # a seq missing this long is asked for
     batch: int = 1000  # results per transaction at most
     flush_s: float = 0.25  # a partial batch waits at most this long for more (a database likes big ones)
     receive_max: int = 4000  # unacknowledged messages the broker may send (MQTT 5 Receive Maximum)
@@ -93,6 +105,7 @@ class _Parsed:
     stats: list[StatsRow] = field(default_factory=list)
     gaps: list[GapRow] = field(default_factory=list)
     refused: tuple[str, str] | None = None
+    answer: dict[str, Any] | None = None  # a device's answer to a replay request (nothing to write)
 
 
 def _batch(
@@ -146,6 +159,10 @@ class Ingest:
         # not restarted in-process: a death (a bug; every message's failure is caught in _parse) stops the ingest
         # with exit 1, so that its supervisor restarts it and the broker sends again what was not acknowledged
         self.writer = Supervised("edged-ingest-db", target=self._write_loop, on_death=self._on_death)
+        self.replayer = (
+            Replayer(opts.client_id, opts.replay_topic, self._ask, opts.replay_after_s) if opts.replay_topic else None
+        )
+        self._answers = opts.replay_topic.replace("{device_id}", "+") + "/answer" if opts.replay_topic else ""
 
     # -- the MQTT side ----------------------------------------------------------------------------------
 
@@ -200,7 +217,10 @@ class Ingest:
         # retained stats are not sent to shared subscriptions: every ingest reads them (upserts are idempotent)
         stats = (self.opts.stats_topic, qos)
         gaps = (shared + self.opts.gaps_topic, qos)
-        client.subscribe([results, events, stats, gaps])
+        wanted = [results, events, stats, gaps]
+        if self._answers:  # every ingest reads every answer (not shared): each takes those to its own requests
+            wanted.append((self._answers, SubscribeOptions(qos=0) if self.opts.protocol == "5" else 0))
+        client.subscribe(wanted)
         log.info("ingest: connected to %s:%d as %s", self.opts.host, self.opts.port, self.opts.client_id)
 
     def _on_subscribe(self, _c: paho.Client, _u: Any, _mid: int, reasons: list[Any], _p: Any) -> None:
@@ -230,8 +250,18 @@ class Ingest:
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
+    def _ask(self, topic: str, payload: bytes) -> None:
+        """Publish a replay request (the replayer's thread; paho's publish is thread-safe)."""
+        self.client.publish(topic, payload, qos=1)
+
     def start(self, timeout: float = 30.0) -> None:
         """Connect (resuming the session the broker kept) and start the writer."""
+        if self.replayer is not None:
+            try:
+                self.replayer.seed(self.db.streams(), self.db.gaps())  # what this database already misses
+            except IngestError as exc:
+                log.warning("ingest: cannot read the gaps already in the database: %s", exc)
+            self.replayer.start()
         self.writer.start()
         try:
             if self.opts.protocol == "5":
@@ -254,6 +284,8 @@ class Ingest:
     def stop(self, timeout: float = 20.0) -> None:
         """Write and acknowledge what arrived, then disconnect (the session stays on the broker)."""
         self._stopping.set()
+        if self.replayer is not None:
+            self.replayer.stop()
         if self.writer.is_alive():
             self._queue.put(None)
             self.writer.join(timeout)
@@ -287,6 +319,7 @@ class Ingest:
                 "connected": self._connected.is_set(),
                 "writer_alive": self.writer.is_alive(),
                 "last_error": c.last_error,
+                "replay": self.replayer.snapshot() if self.replayer is not None else None,
             }
 
     # -- the writer thread ------------------------------------------------------------------------------
@@ -334,6 +367,8 @@ class Ingest:
     def _parse(self, item: _Item, now: float) -> _Parsed:
         """One message as rows, stats or a gap; or refused, with why (never an exception: see ingestparse.py)."""
         o = self.opts
+        if self._answers and paho.topic_matches_sub(self._answers, item.topic):
+            return self._parse_answer(item)
         kinds = (
             ("stats", o.stats_topic),
             ("gaps", o.gaps_topic),
@@ -354,18 +389,35 @@ class Ingest:
             log.exception("ingest: unexpected error reading a message on %s", item.topic)
             return _Parsed(item, sender.device, refused=("internal", f"{type(exc).__name__}: {exc}"))
 
+    def _parse_answer(self, item: _Item) -> _Parsed:
+        """A device's answer to a replay request: for the replayer, never written; refused if unreadable."""
+        device = item.topic.split("/")[self._answers.split("/").index("+")]
+        try:
+            body = loads(item.payload, max_bytes=64 << 10, what="replay answer")
+        except InputError as exc:
+            return _Parsed(item, device, refused=(exc.reason, str(exc)))
+        if not isinstance(body, dict):
+            return _Parsed(item, device, refused=("malformed", "a replay answer is a JSON object"))
+        return _Parsed(item, device, answer=body)
+
     def _write(self, items: list[_Item], backoff: Backoff) -> None:
         now = time.time()
         parsed = [self._parse(item, now) for item in items]
-        done = self._commit(parsed, now, backoff)
+        replays = self.replayer.take_log() if self.replayer is not None else []
+        done = self._commit(parsed, now, backoff, replays)
         if done is None:
             return  # stopping while the database is away: nothing acknowledged, the broker sends them again
         inserted, refused = done
         self._ack(items)
+        if self.replayer is not None:
+            self.replayer.note((r.device, r.pipeline, r.seq) for p in parsed if p.refused is None for r in p.rows)
+            for p in parsed:
+                if p.answer is not None and p.device:
+                    self.replayer.answered(p.device, p.answer)
         results = sum(len(p.rows) for p in parsed if p.refused is None)
         with self._lock:
             c = self.counters
-            c.messages += sum(1 for p in parsed if not p.stats and not p.gaps)
+            c.messages += sum(1 for p in parsed if not p.stats and not p.gaps and p.answer is None)
             c.results += results
             c.inserted += inserted
             c.duplicates += results - inserted
@@ -377,13 +429,15 @@ class Ingest:
         for p in refused:
             log.warning("ingest: a message on %s quarantined (%s): %s", p.item.topic[:200], *(p.refused or ("?", "")))
 
-    def _commit(self, parsed: list[_Parsed], now: float, backoff: Backoff) -> tuple[int, list[_Parsed]] | None:
+    def _commit(
+        self, parsed: list[_Parsed], now: float, backoff: Backoff, replays: list[ReplayRow]
+    ) -> tuple[int, list[_Parsed]] | None:
         """Write the batch until it works (the database restarts: retry with backoff); (rows inserted, the
         messages quarantined), or None if asked to stop first. A batch the database refuses for its data is
         written message by message, and a message it refuses alone is quarantined."""
         while True:
             try:
-                inserted = self._write_isolating(parsed, now)
+                inserted = self._write_isolating(parsed, now, replays)
             except IngestError as exc:
                 with self._lock:
                     self.counters.db_errors += 1
@@ -394,9 +448,9 @@ class Ingest:
             backoff.reset()
             return inserted, [p for p in parsed if p.refused is not None]
 
-    def _write_isolating(self, parsed: list[_Parsed], now: float) -> int:
+    def _write_isolating(self, parsed: list[_Parsed], now: float, replays: list[ReplayRow]) -> int:
         try:
-            return self.db.write(*_batch(parsed, now))
+            return self.db.write(*_batch(parsed, now), replays)
         except IngestDataError as exc:
             log.warning("ingest: the database refused a batch (%s); writing it message by message", exc)
         inserted = 0
@@ -407,7 +461,7 @@ class Ingest:
                 inserted += self.db.write(*_batch([p], now))
             except IngestDataError as exc:
                 p.refused = ("db_refused", str(exc))
-        self.db.write(*_batch([p for p in parsed if p.refused is not None], now))
+        self.db.write(*_batch([p for p in parsed if p.refused is not None], now), replays)
         return inserted
 
     def _ack(self, items: list[_Item]) -> None:

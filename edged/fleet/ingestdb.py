@@ -74,6 +74,17 @@ class QuarantineRow(NamedTuple):
     payload: bytes  # its first QUARANTINE_KEEP_BYTES bytes, as they came
 
 
+class ReplayRow(NamedTuple):
+    """A range the ingest asked a device for, or one the device said is gone (replayer.py)."""
+
+    device: str
+    pipeline: str
+    first: int
+    last: int
+    outcome: str  # asked | gone
+    ts: float
+
+
 QUARANTINE_KEEP_BYTES = 65_536  # of each refused message (its length is kept whole in `size`)
 
 
@@ -95,6 +106,19 @@ SCHEMA = (
     "last BIGINT NOT NULL, body {json} NOT NULL, PRIMARY KEY (device, pipeline, first, last))",
     "CREATE TABLE IF NOT EXISTS quarantine (received DOUBLE PRECISION NOT NULL, topic TEXT NOT NULL, device TEXT, "
     "reason TEXT NOT NULL, detail TEXT NOT NULL, size BIGINT NOT NULL, payload {blob} NOT NULL)",
+    # the replayer's record (replayer.py): ranges asked for, ranges the device said are gone
+    "CREATE TABLE IF NOT EXISTS replay_ranges (device TEXT NOT NULL, pipeline TEXT NOT NULL, first BIGINT NOT NULL, "
+    "last BIGINT NOT NULL, outcome TEXT NOT NULL, ts DOUBLE PRECISION NOT NULL)",
+)
+# rows that arrived in a range asked for (recovered by a replay), and the seqs devices said are gone, per device
+RECOVERED = (
+    "SELECT device, COUNT(*) FROM (SELECT DISTINCT r.device, r.pipeline, r.seq FROM replay_ranges a JOIN results r "
+    "ON r.device = a.device AND r.pipeline = a.pipeline AND r.seq BETWEEN a.first AND a.last "
+    "WHERE a.outcome = 'asked') AS x GROUP BY device"
+)
+GONE = (
+    "SELECT device, SUM(last - first + 1) FROM (SELECT DISTINCT device, pipeline, first, last FROM replay_ranges "
+    "WHERE outcome = 'gone') AS g GROUP BY device"
 )
 QUARANTINED = "SELECT COALESCE(device, ''), reason, COUNT(*) FROM quarantine GROUP BY 1, 2 ORDER BY 1, 2"
 DECLARED = "SELECT device, pipeline, first, last FROM declared_gaps ORDER BY 1, 2, 3"
@@ -118,13 +142,17 @@ class Database(Protocol):
         stats: list[StatsRow],
         gaps: list[GapRow] | None = None,
         quarantine: list[QuarantineRow] | None = None,
+        replays: list[ReplayRow] | None = None,
     ) -> int:
-        """Insert the rows, declared gaps (existing keys ignored) and quarantined messages and upsert the stats in
-        one transaction; rows inserted. IngestDataError when the database refuses the data itself (retrying the
-        same batch cannot help), IngestError when it is away."""
+        """Insert the rows, declared gaps (existing keys ignored), quarantined messages and replay records and
+        upsert the stats in one transaction; rows inserted. IngestDataError when the database refuses the data
+        itself (retrying the same batch cannot help), IngestError when it is away."""
 
     def quarantined(self) -> dict[str, dict[str, int]]:
         """Quarantined messages per device ('' for a topic that names none), by reason."""
+
+    def replays(self) -> dict[str, dict[str, int]]:
+        """Per device: results recovered by a replay request, seqs the device said are gone."""
 
     def streams(self) -> list[Stream]:
         """Per (device, pipeline): first and last seq, rows held."""
@@ -149,6 +177,15 @@ def _quarantine_dict(rows: list[tuple[Any, ...]]) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for device, reason, count in rows:
         out.setdefault(str(device), {})[str(reason)] = int(count)
+    return out
+
+
+def _replay_dict(recovered: list[tuple[Any, ...]], gone: list[tuple[Any, ...]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for device, count in recovered:
+        out.setdefault(str(device), {"recovered": 0, "gone": 0})["recovered"] = int(count)
+    for device, count in gone:
+        out.setdefault(str(device), {"recovered": 0, "gone": 0})["gone"] = int(count)
     return out
 
 
@@ -180,6 +217,7 @@ class SqliteDatabase:
         stats: list[StatsRow],
         gaps: list[GapRow] | None = None,
         quarantine: list[QuarantineRow] | None = None,
+        replays: list[ReplayRow] | None = None,
     ) -> int:
         conn = self.conn
         try:
@@ -189,6 +227,7 @@ class SqliteDatabase:
             inserted = conn.total_changes - before
             conn.executemany("INSERT OR IGNORE INTO declared_gaps VALUES (?, ?, ?, ?, ?)", gaps or [])
             conn.executemany("INSERT INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?)", quarantine or [])
+            conn.executemany("INSERT INTO replay_ranges VALUES (?, ?, ?, ?, ?, ?)", replays or [])
             conn.executemany(
                 "INSERT INTO device_stats VALUES (?, ?, ?) ON CONFLICT (device) DO UPDATE "
                 "SET ts = excluded.ts, body = excluded.body WHERE excluded.ts >= device_stats.ts",
@@ -204,6 +243,9 @@ class SqliteDatabase:
 
     def quarantined(self) -> dict[str, dict[str, int]]:
         return _quarantine_dict(self.conn.execute(QUARANTINED).fetchall())
+
+    def replays(self) -> dict[str, dict[str, int]]:
+        return _replay_dict(self.conn.execute(RECOVERED).fetchall(), self.conn.execute(GONE).fetchall())
 
     def streams(self) -> list[Stream]:
         return [Stream(*row) for row in self.conn.execute(STREAMS)]
@@ -239,6 +281,7 @@ class PostgresDatabase:
     )
     INSERT_GAP = "INSERT INTO declared_gaps VALUES (%s, %s, %s, %s, %s::jsonb) ON CONFLICT DO NOTHING"
     INSERT_QUARANTINE = "INSERT INTO quarantine VALUES (%s, %s, %s, %s, %s, %s, %s)"
+    INSERT_REPLAY = "INSERT INTO replay_ranges VALUES (%s, %s, %s, %s, %s, %s)"
     UPSERT_STATS = (
         "INSERT INTO device_stats VALUES (%s, %s, %s::jsonb) ON CONFLICT (device) DO UPDATE "
         "SET ts = excluded.ts, body = excluded.body WHERE excluded.ts >= device_stats.ts"
@@ -272,6 +315,7 @@ class PostgresDatabase:
         stats: list[StatsRow],
         gaps: list[GapRow] | None = None,
         quarantine: list[QuarantineRow] | None = None,
+        replays: list[ReplayRow] | None = None,
     ) -> int:
         psycopg = self._psycopg
         try:
@@ -291,6 +335,8 @@ class PostgresDatabase:
                     self.conn.execute(self.INSERT_GAP, gap)
                 for refused in quarantine or []:
                     self.conn.execute(self.INSERT_QUARANTINE, refused)
+                for replay in replays or []:
+                    self.conn.execute(self.INSERT_REPLAY, replay)
         except (psycopg.DataError, psycopg.IntegrityError, OverflowError, ValueError) as exc:
             # the server refused the data (a NUL in jsonb, a number out of range): the connection is fine, and
             # the same batch would be refused again; the ingest isolates the message and quarantines it
@@ -302,6 +348,9 @@ class PostgresDatabase:
 
     def quarantined(self) -> dict[str, dict[str, int]]:
         return _quarantine_dict(self._query(QUARANTINED))
+
+    def replays(self) -> dict[str, dict[str, int]]:
+        return _replay_dict(self._query(RECOVERED), self._query(GONE))
 
     def _drop_connection(self) -> None:
         if self.conn is not None:

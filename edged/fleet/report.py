@@ -6,7 +6,9 @@ seq there was delivered before the stop, lost with it, or never used: *uncertain
 message: the spool counts what it dropped, by reason (`expired`, `full_evicted_oldest`, ...), and what it
 set aside as dead letters. Missing seqs the device accounts for are *explained*; any beyond that were
 lost between the device and the database, and the report says so (exit 1). Messages the ingest quarantined
-(ingestparse.py) are counted per device their topic names.
+(ingestparse.py) are counted per device their topic names. What the ingest asked devices to send again
+(replayer.py) shows as `recovered` (rows that arrived in a range asked for) and `gone` (seqs the device no
+longer had: lost, counted in `unexplained` unless the device accounts for them otherwise).
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def build_report(db: Database) -> dict[str, Any]:
         declared.setdefault((gap.device, gap.pipeline), []).append(gap)
     stats = db.device_stats()
     quarantined = db.quarantined()
+    replays = db.replays()
     devices: dict[str, dict[str, Any]] = {}
     for stream in db.streams():
         entry = devices.setdefault(stream.device, {"device": stream.device, "pipelines": []})
@@ -93,15 +96,28 @@ def build_report(db: Database) -> dict[str, Any]:
         missing = sum(p["missing"] for p in entry["pipelines"])
         uncertain = sum(p["uncertain"] for p in entry["pipelines"])
         unexplained = max(0, missing - uncertain - accounting["accounted"])
+        replayed = replays.get(device, {})
         entry |= {"missing": missing, "uncertain": uncertain, "unexplained": unexplained, **accounting,
-                  "quarantined": quarantined.get(device, {})}  # fmt: skip
+                  "quarantined": quarantined.get(device, {}), "recovered": replayed.get("recovered", 0),
+                  "gone": replayed.get("gone", 0)}  # fmt: skip
         total_unexplained += unexplained
     rows = sum(p["results"] for e in devices.values() for p in e["pipelines"])
+    recovered = sum(e["recovered"] for e in devices.values())
     return {"database": db.url, "devices": list(devices.values()), "results": rows, "unexplained": total_unexplained,
+            "recovered": recovered,
             "quarantined": {device or "(no device in the topic)": n for device, n in quarantined.items()}}  # fmt: skip
 
 
 def _why(entry: dict[str, Any]) -> str:
+    verdict = _verdict(entry)
+    if entry.get("recovered"):
+        verdict += f"; {entry['recovered']} recovered by replay"
+    if entry.get("gone"):
+        verdict += f"; {entry['gone']} gone at the device (out of its replay window)"
+    return verdict
+
+
+def _verdict(entry: dict[str, Any]) -> str:
     if not entry["pipelines"]:  # known from its stats message or its quarantined messages only
         return "no rows (seen only in its stats or quarantined messages)"
     if not entry["missing"]:
