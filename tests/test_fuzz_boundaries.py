@@ -32,9 +32,12 @@ from edged.core import safejson
 from edged.core.errors import CommandError, ConfigError, InputError, StatusError
 from edged.core.signing import generate_key, load_private_key, sign
 from edged.fleet.ingestparse import SEQ_MAX, Identity, RefusedError, parse_gap, parse_results, parse_stats
+from edged.fleet.replayer import Replayer
 from edged.ops.checkconfig import check_config
 from edged.ops.status import query
 from edged.ops.statusview import build_view
+from edged.store.spool import Spool
+from edged.uplink.replay import ReplayRequests
 
 DEVICE = Identity("d", "p")
 
@@ -328,3 +331,47 @@ def test_a_status_of_any_shape_is_shown_or_said_to_be_unshowable(snapshot: dict[
     out = io.StringIO()
     Console(file=out, width=80).print(build_view(snapshot))  # never a traceback for `edged status`
     assert out.getvalue().startswith("edged ")
+
+
+# -- replay requests (uplink/replay.py) and answers (fleet/replayer.py) ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def replay_hook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplayRequests]:
+    spool = Spool(tmp_path_factory.mktemp("replay") / "spool.db")
+    yield ReplayRequests(spool, "dev1", "edged/dev1/replay")
+    spool.close()
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=600), st.sampled_from(list(CORPUS.values()))))
+def test_a_replay_request_of_any_bytes_is_answered_never_raised(replay_hook: ReplayRequests, data: bytes) -> None:
+    answer = replay_hook.answer(data)
+    assert answer["device"] == "dev1"
+    assert "refused" in answer or ("replayed" in answer and "gone" in answer)
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(["v", "id", "pipeline", "ranges", "x"]), json_values))
+def test_a_replay_request_of_any_fields_is_answered_with_bounded_ranges(
+    replay_hook: ReplayRequests, fields: dict[str, Any]
+) -> None:
+    body = {"v": 1, "id": "r", "pipeline": "cam0", "ranges": [[1, 3]], **fields}
+    try:
+        payload = json.dumps(body, allow_nan=False).encode()
+    except ValueError:
+        return
+    answer = replay_hook.answer(payload)
+    if "refused" not in answer:
+        asked = sum(b - a + 1 for a, b in answer["replayed"] + answer["gone"] + answer["pending"])
+        assert asked <= 5000
+
+
+@FUZZ
+@given(json_values)
+def test_a_replay_answer_of_any_shape_never_breaks_the_replayer(body: Any) -> None:
+    replayer = Replayer("ing", "edged/{device_id}/replay", lambda _t, _p: None, 1.0)
+    replayer.note([("dev1", "cam0", 1), ("dev1", "cam0", 10)])
+    answer = {"id": "ing-1", "pipeline": "cam0", "gone": body} if not isinstance(body, dict) else body
+    replayer.answered("dev1", answer)
+    assert replayer.snapshot()["missing_now"] in range(9)

@@ -106,7 +106,7 @@ def test_a_broker_crash_loses_nothing_through_edged_ingest(
     ingest.start()
 
     def report() -> dict[str, Any]:
-        return next(d for d in build_report(open_database(url))["devices"] if d["device"] == device)  # type: ignore[no-any-return]
+        return next(d for d in build_report(open_database(url))["devices"] if d["device"] == device)
 
     wait_for(lambda: (r := report())["missing"] == 0 and r["recovered"] >= 100, 120, "every seq, recovered by replay")
     got = ingest.snapshot()["replay"]
