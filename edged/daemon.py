@@ -218,6 +218,7 @@ class Daemon:
             results_topic={p.name: topic_for(cfg.mqtt.topic, cfg.device_id, p.name) for p in cfg.pipelines},
             stats_topic=topic_for(cfg.mqtt.stats_topic, cfg.device_id),
             availability_topic=topic_for(cfg.mqtt.availability_topic, cfg.device_id),
+            stats_interval_s=cfg.mqtt.stats_interval_s,
         )
         self.publisher.add_hook(Announce(lambda: discovery.messages(cfg.state_dir)))
 

@@ -1,8 +1,9 @@
 """More broker implementations for the tests, each as its registry ships it and run with its defaults:
-amqtt (PyPI; 3.1.1 only, it never answers an MQTT 5 CONNECT that edged sends) in its own venv, and Aedes
-(npm; 3.1.1 only, it refuses MQTT 5 with 0x84) with the machine's Node.js. `scripts/setup dev` installs both
-under `.brokers/`. Both keep their sessions and queued messages in memory, as by default: a crash loses what
-they had acknowledged (the end-to-end replay is what recovers it).
+amqtt (PyPI; 3.1.1 only, it never answers an MQTT 5 CONNECT that edged sends) in its own venv, Aedes (npm;
+3.1.1 only, it refuses MQTT 5 with 0x84) with the machine's Node.js, both installed by `scripts/setup dev` under
+`.brokers/`, and ejabberd's `mod_mqtt` (Debian; MQTT 5 and 3.1.1; anonymous logins still need a user name, so
+`username` is set). Each keeps its sessions and queued messages in memory, as by default: a crash loses what it
+had acknowledged (the end-to-end replay is what recovers it). ejabberd keeps retained messages on disk (Mnesia).
 
 Each is started in its own process group, with `host` and `port` as conftest.Broker's, so `subscribe` and
 the daemon's config take them alike; `kill()` is a crash (SIGKILL), `stop()` a clean stop.
@@ -23,18 +24,20 @@ ROOT = Path(__file__).resolve().parent.parent
 AMQTT = ROOT / ".brokers" / "amqtt" / "bin" / "amqtt"
 AEDES = ROOT / ".brokers" / "aedes" / "node_modules" / "aedes" / "aedes.js"
 AEDES_SCRIPT = Path(__file__).resolve().parent / "brokers" / "aedes.mjs"
-START_TIMEOUT_S = 60
+EJABBERDCTL = Path("/usr/sbin/ejabberdctl")
+START_TIMEOUT_S = 120  # ejabberd: about 20 s on a loaded 2-core machine
 
 
 @dataclass
 class OtherBroker:
     """One broker process listening on 127.0.0.1:`port`."""
 
-    kind: str  # amqtt | aedes
+    kind: str  # amqtt | aedes | ejabberd
     workdir: Path
     host: str = "127.0.0.1"
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
+    username: str | None = None  # ejabberd: any user name, any password (anonymous), but one must be given
 
     def __post_init__(self) -> None:
         self.port = self.port or free_port()
@@ -51,9 +54,44 @@ class OtherBroker:
                 encoding="utf-8",
             )
             return [str(AMQTT), "-c", str(conf)], dict(os.environ)
+        if self.kind == "ejabberd":
+            return self._ejabberd()
         if not AEDES.exists():
             pytest.fail("aedes is not installed; the README's test command installs it (.brokers/aedes, npm)")
         return ["node", str(AEDES_SCRIPT), str(self.port)], os.environ | {"AEDES": str(AEDES)}
+
+    def _ejabberd(self) -> tuple[list[str], dict[str, str]]:
+        """ejabberd's own ejabberdctl, with its config, spool and logs in the workdir: a copy that runs as the
+        current user (the packaged one switches to the `ejabberd` user, who cannot reach pytest's folders)."""
+        if not EJABBERDCTL.exists():
+            pytest.fail("ejabberd is not installed; the README's test command installs it (apt)")
+        self.username = "edged@localhost"
+        conf = self.workdir / "conf"
+        conf.mkdir(exist_ok=True)
+        (conf / "ejabberd.yml").write_text(
+            'hosts: ["localhost"]\nloglevel: warning\nauth_method: [anonymous]\nanonymous_protocol: login_anon\n'
+            f'listen:\n  - port: {self.port}\n    ip: "127.0.0.1"\n    module: mod_mqtt\n    backlog: 1000\n'
+            "modules:\n  mod_mqtt: {}\n",
+            encoding="utf-8",
+        )
+        (conf / "ejabberdctl.cfg").write_text('ERL_OPTIONS="-env ERL_CRASH_DUMP_BYTES 0"\n', encoding="utf-8")
+        ctl = self.workdir / "ejabberdctl"
+        script = EJABBERDCTL.read_text(encoding="utf-8").replace("\nINSTALLUSER=ejabberd\n", "\nINSTALLUSER=\n")
+        ctl.write_text(script, encoding="utf-8")
+        ctl.chmod(0o755)
+        for sub in ("spool", "logs"):
+            (self.workdir / sub).mkdir(exist_ok=True)
+        argv = [str(ctl), "--config-dir", str(conf), "--config", str(conf / "ejabberd.yml"), "--spool",
+                str(self.workdir / "spool"), "--logs", str(self.workdir / "logs"), "--node",
+                f"edged{self.port}@localhost", "foreground"]  # fmt: skip
+        return argv, os.environ | {"HOME": str(self.workdir)}
+
+    def password_file(self) -> Path:
+        """A password file for the user name (ejabberd takes any password for an anonymous login)."""
+        path = self.workdir / "password"
+        path.write_text("anything\n", encoding="utf-8")
+        path.chmod(0o600)
+        return path
 
     def start(self) -> None:
         argv, env = self.command()
@@ -77,12 +115,23 @@ class OtherBroker:
     def _signal(self, sig: int) -> None:
         if self.proc is None:
             return
+        group = self.proc.pid
         try:
-            os.killpg(self.proc.pid, sig)
+            os.killpg(group, sig)
             self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            # the whole group, not only its leader: ejabberdctl's shell ends at once, its Erlang VM after it
+            wait_for(lambda: not _alive(group), 60, f"{self.kind}'s processes gone")
+        except (subprocess.TimeoutExpired, AssertionError):
+            os.killpg(group, signal.SIGKILL)
             self.proc.wait(10)
         except ProcessLookupError:
             pass
         self.proc = None
+
+
+def _alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True

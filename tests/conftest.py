@@ -130,6 +130,7 @@ class Subscriber:
     port: int
     topic: str
     persistent: bool = False  # a clean_session=False session: the broker queues for it while it is away
+    username: str | None = None  # a broker that wants one (ejabberd: any name, any password)
     messages: list[tuple[str, bytes, bool]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -141,6 +142,8 @@ class Subscriber:
             clean_session=not self.persistent,
         )
         self.client.reconnect_delay_set(0.05, 0.3)  # type: ignore[arg-type]  # paho hints int; float seconds work
+        if self.username is not None:
+            self.client.username_pw_set(self.username, "anything")
         self.client.on_connect = lambda c, *_: c.subscribe(self.topic, qos=1)
         self.client.on_subscribe = lambda *_: self.subscribed.set()
         self.client.on_message = self._on_message
@@ -173,7 +176,7 @@ def subscribe() -> Iterator[Callable[..., Subscriber]]:
     subs: list[Subscriber] = []
 
     def make(b: Broker, topic: str, *, persistent: bool = False) -> Subscriber:
-        s = Subscriber(b.host, b.port, topic, persistent)
+        s = Subscriber(b.host, b.port, topic, persistent, getattr(b, "username", None))
         subs.append(s)
         return s
 

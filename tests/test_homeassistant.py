@@ -68,6 +68,20 @@ def test_discovery_configs_follow_the_schema(tmp_path: Path) -> None:
     assert "yard_left_car_count" not in objects  # the zone counts persons only
 
 
+def test_stats_entities_go_unavailable_when_three_stats_messages_are_missed(tmp_path: Path) -> None:
+    """A broker that keeps a gone device's retained `online` (ejabberd across a clean restart: the will never fired)
+    must not make it look alive for ever: the entities fed by the stats message expire after three intervals."""
+    cfg = config_from_dict(ha_config(tmp_path, Broker("127.0.0.1", 1, tmp_path)))
+    configs = Discovery(
+        cfg.homeassistant, device_id=cfg.device_id, pipelines=cfg.pipelines, results_topic={"yard": "r"},
+        stats_topic="s", availability_topic="a", stats_interval_s=60.0,
+    ).configs()  # fmt: skip
+    fed = {c["object_id"]: c.get("expire_after") for _, c in configs if c.get("state_topic") == "s"}
+    assert fed
+    assert set(fed.values()) == {180}
+    assert all("expire_after" not in c for _, c in configs if c.get("state_topic") == "r")  # results may be rare
+
+
 @pytest.mark.integration
 def test_home_assistant_sees_the_device_its_entities_and_their_states(
     tmp_path: Path, broker: Broker, subscribe: Subscribe

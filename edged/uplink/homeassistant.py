@@ -73,6 +73,7 @@ class Discovery:
         results_topic: dict[str, str],
         stats_topic: str,
         availability_topic: str,
+        stats_interval_s: float = 0.0,
     ) -> None:
         self.cfg = cfg
         self.device_id = device_id
@@ -80,6 +81,10 @@ class Discovery:
         self.pipelines = list(pipelines)
         self.results_topic = results_topic
         self.stats_topic = stats_topic
+        # the stats message comes every stats_interval_s: its entities go unavailable when three are missed, so a
+        # device gone while its broker still holds its retained `online` (ejabberd across a clean restart: the
+        # will never fired) does not look alive for ever (docs/mqtt.md: availability)
+        self.stats_expiry = {"expire_after": round(3 * stats_interval_s)} if stats_interval_s > 0 else {}
         self.device = {
             "identifiers": [f"edged_{self.node}"],
             "name": cfg.name or device_id,
@@ -111,7 +116,8 @@ class Discovery:
         out = []
         for p in self.pipelines:
             out += self._pipeline(p)
-        diag = {"state_topic": self.stats_topic, "entity_category": "diagnostic", "state_class": "measurement"}
+        diag = {"state_topic": self.stats_topic, "entity_category": "diagnostic", "state_class": "measurement",
+                **self.stats_expiry}  # fmt: skip
         out.append(self._entity("sensor", "spool_depth", "Spool depth", value_template="{{ value_json.spool.depth }}",
                                 unit_of_measurement="results", **diag))  # fmt: skip
         out.append(self._entity("sensor", "spool_dropped", "Results dropped",
@@ -134,15 +140,15 @@ class Discovery:
             out += self._detections(p, results)
         elif kind == "segment":
             out += self._segments(p, results)
-        diag = {"state_topic": self.stats_topic, "entity_category": "diagnostic"}
+        diag = {"state_topic": self.stats_topic, "entity_category": "diagnostic", **self.stats_expiry}
         out.append(self._entity("sensor", f"{name}_fps", f"{name} frames/s", value_template=self._stats(name, "fps"),
                                 unit_of_measurement="fps", state_class="measurement", **diag))  # fmt: skip
         out.append(self._entity("sensor", f"{name}_provider", f"{name} provider",
                                 value_template=self._stats(name, "provider"), **diag))  # fmt: skip
         if p.tracking.enabled:
             out.append(self._entity("sensor", f"{name}_tracks", f"{name} tracked objects", state_class="measurement",
-                                    value_template=self._stats(name, "tracks"),
-                                    state_topic=self.stats_topic))  # fmt: skip
+                                    value_template=self._stats(name, "tracks"), state_topic=self.stats_topic,
+                                    **self.stats_expiry))  # fmt: skip
         return out
 
     def labels(self, p: PipelineConfig) -> list[str]:
