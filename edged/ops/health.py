@@ -122,4 +122,5 @@ class Report:
         broker = "connected" if d.mqtt_stats.connected else "disconnected"
         if not d.config.mqtt.enabled:
             broker = "disabled"
-        return f"{self.health()}: {fps} spool={depth} mqtt={broker}"
+        capacity = d.spool.capacity_text() if d.spool is not None else "unknown"
+        return f"{self.health()}: {fps} spool={depth} capacity={capacity.replace(' ', '')} mqtt={broker}"

@@ -120,6 +120,12 @@ def _spool(spool: dict[str, Any]) -> Iterator[Metric]:
         "Results the broker refused for good, set aside.",
         value=float(spool.get("dead_letters", 0)),
     )
+    if spool.get("capacity_s") is not None:
+        yield GaugeMetricFamily(
+            "edged_spool_capacity_seconds",
+            "Outage the spool could hold at the current rate (spool.capacity_s).",
+            value=float(spool["capacity_s"]),
+        )
     if spool.get("disk_free_bytes") is not None:
         yield GaugeMetricFamily(
             "edged_disk_free_bytes", "Free space where the spool is.", value=float(spool["disk_free_bytes"])

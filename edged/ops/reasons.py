@@ -20,6 +20,7 @@ from typing import Any
 from edged.core.stats import REFUSED_WINDOW_S, MqttStats
 from edged.core.threads import Supervised
 from edged.pipeline.runner import PipelineRunner
+from edged.store.capacity import describe
 from edged.store.spool import RECENT_S
 
 ACK_STALL_S = 30.0  # connected, results waiting, and no PUBACK for this long: the broker is stuck
@@ -290,6 +291,18 @@ CATALOG: tuple[Reason, ...] = (
     ),
     Reason(
         "spool",
+        r"the spool holds only ~[\w ]+ of outage at the current rate \(spool\.min_capacity [\w ]+\): raise "
+        r"spool\.max_bytes or free disk space",
+        "the spool holds only ~12 min of outage at the current rate (spool.min_capacity 1 h 0 min): raise "
+        "spool.max_bytes or free disk space",
+        "At the rate results come now, the room the spool has (spool.max_bytes, lowered to what the disk holds) "
+        "would fill within spool.min_capacity of a broker outage; results beyond it would be dropped "
+        "(spool.on_full). Said while online, before the outage comes.",
+        "Give the spool more room (spool.max_bytes, a larger disk, less else on it), send fewer results (the "
+        "publish filter, a lower fps), or lower spool.min_capacity to what the site needs.",
+    ),
+    Reason(
+        "spool",
         r"the broker acknowledged nothing for \d+ s with \d+ results waiting",
         "the broker acknowledged nothing for 45 s with 310 results waiting",
         "Connected, but no PUBACK comes back: the broker is overloaded or stuck.",
@@ -385,6 +398,12 @@ def spool_reasons(spool: dict[str, Any], mqtt: MqttStats) -> list[str]:
         where = ", ".join(f"{g['pipeline']} {g['first']}..{g['last']}" for g in gaps[:2])
         n = sum(int(g["last"]) - int(g["first"]) + 1 for g in gaps)
         out.append(f"unclean stop: {n} seq(s) uncertain ({where}; see spool.seq_gaps)")
+    capacity, floor = spool.get("capacity_s"), spool.get("min_capacity_s")
+    if isinstance(capacity, int | float) and isinstance(floor, int | float) and capacity < floor:
+        out.append(
+            f"the spool holds only ~{describe(capacity)} of outage at the current rate (spool.min_capacity "
+            f"{describe(floor)}): raise spool.max_bytes or free disk space"
+        )
     stalled = mqtt.ack_stalled_s()
     if stalled > ACK_STALL_S and int(spool.get("depth", 0)) > 0:
         out.append(f"the broker acknowledged nothing for {stalled:.0f} s with {spool['depth']} results waiting")

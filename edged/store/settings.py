@@ -38,6 +38,11 @@ class SpoolConfig(Strict):
     on_full: Literal["drop_oldest", "drop_newest"] = Field("drop_oldest", description="What gives way when full.")
     min_free_bytes: Size = Field(64 * 2**20, description="Free space the spool leaves on the filesystem.")
     ballast_bytes: Size = Field(16 * 2**20, description="Ballast released on a full disk so SQLite can evict.")
+    min_capacity: Duration = Field(
+        3600.0,
+        description="Status is degraded while the spool could hold less than this much outage at the current "
+        "rate (free disk, max_bytes and the bytes per result: spool.capacity_s), online or not.",
+    )
     replay_window: Duration = Field(
         3600.0,
         description="How long a result the broker acknowledged stays in the spool for a consumer's replay request "

@@ -40,6 +40,7 @@ from edged.core.recent import Recent
 from edged.core.threads import DeathHook, Supervised
 from edged.store import recovery, spooldb
 from edged.store.batchwrite import write_batch
+from edged.store.capacity import IntakeRate, capacity_s, describe
 from edged.store.diskspace import Ballast, free_bytes
 from edged.store.eviction import Totals
 from edged.store.gaplog import GapLog
@@ -113,6 +114,7 @@ class Spool:
         self.window = ReplayWindow(cfg, self._wconn)
         self.outbox.keep_sent = self.window.enabled
         self.replayed = 0  # results sent again from the window on a consumer's request
+        self.intake = IntakeRate()  # bytes a second appended: what an outage would have to hold
         self._clock_base = float(state["clock"])
         self._mono0 = time.monotonic()
         if self._n.depth:
@@ -188,6 +190,7 @@ class Spool:
                 raise SpoolError("spool is closed")
             row = Row(self.outbox.take_id(), pipeline, seq, ts, self.clock(), topic, payload)
             self.outbox.add(row)
+            self.intake.note(len(payload))
             if seq > self._appended.get(pipeline, 0):
                 self._appended[pipeline] = seq
             self._changes += 1
@@ -284,6 +287,7 @@ class Spool:
         """The `spool` entry of the status JSON."""
         with self._rlock:
             stored_ts = spooldb.oldest_ts(self._rconn)
+            _, reusable = spooldb.space(self._rconn)
         with self._cond:
             n, box = self._n, self.outbox
             oldest_ts = stored_ts
@@ -313,7 +317,14 @@ class Spool:
             disk_free = free_bytes(self.path.parent)
         except OSError:
             disk_free = None
+        held = n.bytes
+        room = self.space.room(held, reusable, disk_free) if disk_free is not None else self.space.cap
+        rate = self.intake.bytes_per_s()
+        seconds = capacity_s(max(0, room - held), rate)
         snapshot |= {
+            "capacity_s": round(seconds, 1) if seconds is not None else None,  # outage it holds at the current rate
+            "intake_bytes_per_s": round(rate, 1) if rate is not None else None,
+            "min_capacity_s": self.cfg.min_capacity,
             "disk_free_bytes": disk_free,
             "path": str(self.path),
             "recovered_from": str(self.recovered_from) if self.recovered_from else None,
@@ -335,6 +346,11 @@ class Spool:
             waiting += [r.seq for r in box.pending.values() if r.pipeline == pipeline and first <= r.seq <= last]
         unique = {r.seq: r for r in kept}
         return [unique[s] for s in sorted(unique)][:limit], sorted(set(waiting) - set(unique))
+
+    def capacity_text(self) -> str:
+        """The outage the spool holds at the current rate, in words (`3 d 4 h`, `unknown`), for the status line."""
+        seconds = self.stats().get("capacity_s")
+        return describe(seconds if isinstance(seconds, int | float) else None)
 
     def window_span(self, pipeline: str) -> list[int] | None:
         """[lowest, highest] seq of one stream in the replay window, or None."""

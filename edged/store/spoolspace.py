@@ -50,6 +50,13 @@ class SpaceGuard:
         self._note_small_disk(reserve, free)
         return self.cap
 
+    def room(self, stored: int, reusable: int, free: int) -> int:
+        """Payload bytes the spool could hold with `free` bytes free on the disk (a pure estimate: no ballast
+        restored, no warning noted), for status between commits."""
+        room = stored + reusable + free
+        reserve = self.limits.min_free_bytes if room >= 2 * self.limits.min_free_bytes else room // 2
+        return max(0, min(self.limits.max_bytes, room - reserve))
+
     def _note_small_disk(self, reserve: int, free: int) -> None:
         if reserve >= self.limits.min_free_bytes:
             if self.warning is not None:
