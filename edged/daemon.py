@@ -374,6 +374,7 @@ class Daemon:
         if self._stopped:
             return
         self._stopped = True
+        ran = self.state == "running"  # a refused start stops what it opened, and says nothing of a stop
         self.state = "stopping"
         notify("STOPPING=1")
         deadline = time.monotonic() + STOP_DEADLINE_S
@@ -398,7 +399,16 @@ class Daemon:
         if self.spool is not None:
             self.left_in_spool = self.spool.depth
         self._close_partial(left(STOP_DEADLINE_S))
-        log.info("edged stopped")
+        if ran:
+            log.info("edged stopped; %s", self._left_behind())
+
+    def _left_behind(self) -> str:
+        """What a stop leaves in the spool, for its last log line."""
+        if not self.left_in_spool:
+            return "nothing left to send"
+        if self.config.mqtt.enabled:
+            return f"{self.left_in_spool} result(s) still in the spool go when it runs again"
+        return f"{self.left_in_spool} result(s) in the spool (mqtt is off)"
 
     # -- reporting -------------------------------------------------------------------------------------
 

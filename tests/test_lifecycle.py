@@ -273,6 +273,7 @@ def test_a_second_daemon_on_the_same_state_dir_is_refused_before_it_opens_anythi
     assert "another edged" in err
     assert f"(pid {first.proc.pid})" in err
     assert "Traceback" not in err
+    assert "edged stopped" not in err  # it never ran: no word of a stop, as if the running one had been stopped
     assert not (tmp_path / "other.sock").exists()
     # aftermath: the first one never noticed; once it stops, a new daemon takes the state_dir
     snap = first.status()
@@ -281,6 +282,9 @@ def test_a_second_daemon_on_the_same_state_dir_is_refused_before_it_opens_anythi
     seq_before = snap["pipelines"][0]["frames"]
     code, err = first.stop()
     assert code == 0, err
+    # mqtt is off in this config: what stays in the spool is said, with why
+    assert "edged stopped; " in err
+    assert "result(s) in the spool (mqtt is off)" in err or "nothing left to send" in err
     third = start_daemon(write_config(tmp_path / "c.yaml", cfg))
     wait_for(lambda: (s := third.status()) and s["pipelines"][0]["frames"] >= 5, 30, "the next daemon's results")
     code, err = third.stop()
