@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import re
 import socket
 from collections.abc import Iterable
 from pathlib import Path
@@ -151,9 +152,11 @@ def find_status_socket(path: Path) -> tuple[Path, str | None]:
     except ConfigError as exc:
         problems = exc.problems
     data: Any = None
+    text = ""
     with contextlib.suppress(ConfigError):
-        data, _ = configfile.load(configfile.read_text(path), str(path))
-    data = data if isinstance(data, dict) else {}
+        text = configfile.read_text(path)
+        data, _ = configfile.load(text, str(path))
+    data = data if isinstance(data, dict) else scan_paths(text)  # a YAML error mid-edit: the two keys by their lines
     socket_path: Path | None = None
     with contextlib.suppress(ValidationError):
         socket_path = StatusConfig.model_validate(data.get("status") or {}).socket
@@ -165,6 +168,24 @@ def find_status_socket(path: Path) -> tuple[Path, str | None]:
     more = f" (and {len(problems) - 1} more: edged check-config {path})" if len(problems) > 1 else ""
     note = f"note: the config does not load (a reload keeps the running one): {problems[0]}{more}"
     return socket_path, note
+
+
+_STATE_DIR_LINE = re.compile(r"^state_dir:[ \t]*(?P<v>[^#\n]*?)[ \t]*(?:#.*)?$", re.MULTILINE)
+_SOCKET_INLINE = re.compile(r"^status:[ \t]*\{[^}\n]*?\bsocket:[ \t]*(?P<v>[^,}\n]+?)[ \t]*[,}]", re.MULTILINE)
+_SOCKET_BLOCK = re.compile(r"^status:[ \t]*(?:#.*)?\n(?:[ \t]+.*\n)*?[ \t]+socket:[ \t]*(?P<v>[^#\n]*?)[ \t]*(?:#.*)?$",
+                           re.MULTILINE)  # fmt: skip
+
+
+def scan_paths(text: str) -> dict[str, Any]:
+    """`state_dir` and `status.socket` read off the lines of a file that is not valid YAML (someone is editing
+    it), so that `edged status --config` still finds the daemon; {} where they are not to be found."""
+    found: dict[str, Any] = {}
+    if (m := _STATE_DIR_LINE.search(text)) and m.group("v"):
+        found["state_dir"] = m.group("v").strip("'\"")
+    socket = _SOCKET_INLINE.search(text) or _SOCKET_BLOCK.search(text)
+    if socket and socket.group("v"):
+        found["status"] = {"socket": socket.group("v").strip("'\"")}
+    return found
 
 
 def load_config(path: Path) -> Config:

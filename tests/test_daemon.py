@@ -192,6 +192,12 @@ def test_status_with_a_config_broken_after_start_still_asks_the_daemon(
     assert note.startswith("note: the config does not load (a reload keeps the running one): ")
     assert "(and 1 more: edged check-config" in note
     assert "Traceback" not in res.stderr
+    # mid-edit, the file is not even YAML: its state_dir and status lines are still read, the daemon still asked
+    config.write_text(good + "pipelines: [\n  {name: half-typed\n", encoding="utf-8")
+    broken = edged("status", "--config", str(config))
+    assert broken.returncode == 0, broken.stderr
+    assert "cam0" in broken.stdout
+    assert broken.stderr.startswith("note: the config does not load")
     code, _ = daemon.stop()
     assert code == 0
 
