@@ -622,7 +622,12 @@ def _status(
         from edged.ops.statusview import watch as watch_status  # noqa: PLC0415
 
         return watch_status(socket_path, max(0.1, interval), color=color)
-    snapshot = query(socket_path)
+    try:
+        snapshot = query(socket_path)
+    except EdgedError as exc:
+        if as_json:  # a program reading stdout gets an answer too (the message also goes to stderr, exit 2)
+            print(json.dumps({"state": "not_running", "error": str(exc), "socket": str(socket_path)}, indent=2))
+        raise
     if as_json:
         print(json.dumps(snapshot, indent=2))
     else:

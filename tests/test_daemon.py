@@ -208,6 +208,11 @@ def test_status_when_not_running_exits_2_with_a_message(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert "edged is not running" in res.stderr
     assert "Traceback" not in res.stderr
+    as_json = edged("status", "--json", "--socket", str(tmp_path / "none.sock"))
+    assert as_json.returncode == 2
+    answer = json.loads(as_json.stdout)  # a program reading stdout gets an answer, not nothing
+    assert answer["state"] == "not_running"
+    assert answer["error"].startswith("edged is not running")
 
 
 @pytest.mark.integration
