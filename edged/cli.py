@@ -17,6 +17,8 @@ from edged.core.errors import ConfigError, EdgedError
 from edged.ops.logs import setup_logging
 from edged.ops.status import EXIT_NOT_RUNNING
 
+DEMO_STATE_DIR = Path("edged-demo")  # `edged demo`'s state, relative to where it runs (scripts/demo: the checkout)
+
 # how the daemon judges a rollout's model: a child process (a malformed model crashes it, not the daemon) of
 # edged/tools/candidate.py, handed to the daemon from here so that no stage names a later one; not imported
 # here either: the tools need the `tools` extra, the daemon does not
@@ -113,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     _shared(run, "config")
 
     demo = sub.add_parser("demo", help="bundled model + sample video; publishes to localhost:1883 if a broker answers")
-    demo.add_argument("--state-dir", type=Path, default=Path("edged-demo"), help="spool and status socket")
+    demo.add_argument("--state-dir", type=Path, default=DEMO_STATE_DIR, help="spool and status socket")
     demo.add_argument("--host", default="localhost", help="MQTT broker host")
     demo.add_argument("--port", type=int, default=1883, help="MQTT broker port")
     demo.add_argument("--fps", type=float, default=None, help="frames/s (default 10, the video's; 0 = max)")
@@ -605,6 +607,16 @@ def _run(path: Path, *, verbose: bool) -> int:
     return run_daemon(Daemon(config, config_path=path, candidate_check=CANDIDATE_CHECK))
 
 
+def _answers(socket_path: Path) -> bool:
+    from edged.ops.status import query  # noqa: PLC0415
+
+    try:
+        query(socket_path, timeout=1.0)
+    except EdgedError:
+        return False
+    return True
+
+
 def _status(
     config_path: Path | None, socket_path: Path | None, *, as_json: bool, wide: bool, watch: bool, interval: float
 ) -> int:
@@ -627,6 +639,9 @@ def _status(
     except EdgedError as exc:
         if as_json:  # a program reading stdout gets an answer too (the message also goes to stderr, exit 2)
             print(json.dumps({"state": "not_running", "error": str(exc), "socket": str(socket_path)}, indent=2))
+        demo = DEMO_STATE_DIR / "status.sock"
+        if demo.exists() and demo.resolve() != socket_path.resolve() and _answers(demo):  # after scripts/demo
+            print(f"note: the demo's daemon answers on: edged status --socket {demo}", file=sys.stderr)
         raise
     if as_json:
         print(json.dumps(snapshot, indent=2))

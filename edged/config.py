@@ -147,6 +147,9 @@ def find_status_socket(path: Path) -> tuple[Path, str | None]:
     most needs to know whether the daemon still runs. So a file that fails validation (a typo, a model
     file not there yet) still gives its `state_dir` and `status.socket` where those two keys are sound, and
     the defaults where they are not; the note says that the file has problems and where to see them."""
+    if not path.exists():  # no config at all (the demo, a device set up elsewhere): the default socket
+        state_dir = Config.model_fields["state_dir"].default
+        return state_dir / "status.sock", f"note: no config at {path}; asking the default socket"
     try:
         return load_config(path).status_socket, None
     except ConfigError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import select
 import signal
 import sqlite3
@@ -198,6 +199,27 @@ def test_status_with_a_config_broken_after_start_still_asks_the_daemon(
     assert broken.returncode == 0, broken.stderr
     assert "cam0" in broken.stdout
     assert broken.stderr.startswith("note: the config does not load")
+    code, _ = daemon.stop()
+    assert code == 0
+
+
+@pytest.mark.integration
+def test_status_with_no_arguments_after_the_demo_points_to_the_demos_socket(
+    tmp_path: Path, start_daemon: StartDaemon, live_setup: tuple[Path, Path]
+) -> None:
+    """`edged status` as a newcomer types it after scripts/demo, in the checkout: no config, nothing on the default
+    socket; the demo's daemon (state in ./edged-demo) is named, not 'a reload keeps the running one'."""
+    cfg = base_config(tmp_path, live_setup[0], str(live_setup[1]), fps=20, loop=True, stop_at_end=False)
+    cfg["state_dir"] = str(tmp_path / "edged-demo")
+    daemon = start_daemon(write_config(tmp_path / "demo.yaml", cfg))
+    wait_for(lambda: daemon.status() is not None, 30, "the demo-like daemon")
+    env = {**os.environ, "EDGED_CONFIG": str(tmp_path / "absent.yaml")}
+    res = subprocess.run([sys.executable, "-m", "edged", "status"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    assert res.returncode == 2
+    assert f"note: no config at {tmp_path / 'absent.yaml'}; asking the default socket" in res.stderr
+    assert "note: the demo's daemon answers on: edged status --socket edged-demo/status.sock" in res.stderr
+    assert "reload keeps the running one" not in res.stderr
     code, _ = daemon.stop()
     assert code == 0
 
