@@ -594,6 +594,11 @@ def _check_config(path: Path, *, verbose: bool = False) -> int:
     print(f"{path}: OK ({len(config.pipelines)} pipeline(s), device {config.device_id})")
     for name, reading in readings.items():  # what each decoder reads: outputs, layout, encoding
         print(f"  {name}: {reading}")
+    from edged.capture.camera import CameraSourceConfig, missing_device  # noqa: PLC0415
+
+    for p in config.pipelines:  # valid, but worth a look: a device path that names nothing now (a typo?)
+        if isinstance(p.source, CameraSourceConfig) and (missing := missing_device(p.source.uri)) is not None:
+            print(f"  note: {p.name}: {missing}")
     return 0
 
 

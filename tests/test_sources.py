@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -10,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import make_video, wait_for
+from conftest import StartDaemon, base_config, make_tiny_model, make_video, wait_for, write_config
 
 from edged.capture import SOURCES, Frame, FrameSlot, make_source
 from edged.capture.camera import CameraSource, CameraSourceConfig, source_kind
@@ -270,3 +272,25 @@ def test_gstreamer_pipeline_without_gstreamer_support_says_what_to_do() -> None:
     src.join(5)
     assert "no GStreamer support" in (stats.error or "")
     assert "python3-opencv" in (stats.error or "")
+
+
+@pytest.mark.integration
+def test_a_device_path_with_a_typo_is_named_as_no_such_device_everywhere(
+    tmp_path: Path, start_daemon: StartDaemon
+) -> None:
+    """`/dev/vidoe0` is valid (an absent camera is waited for), but check-config notes it and status says no such
+    device ever appeared, with the devices there are; OpenCV is not asked, so no warning line per retry."""
+    model = make_tiny_model(tmp_path / "tiny.onnx")
+    cfg = base_config(tmp_path, model, "/dev/vidoe0", stop_at_end=False)
+    path = write_config(tmp_path / "edged.yaml", cfg)
+    checked = subprocess.run([sys.executable, "-m", "edged", "check-config", str(path)], capture_output=True,
+                             text=True, check=False)  # fmt: skip
+    assert checked.returncode == 0, checked.stderr
+    assert "  note: cam0: no such device /dev/vidoe0 (video devices here: " in checked.stdout
+    daemon = start_daemon(path)
+    snap = wait_for(lambda: (s := daemon.status()) and s["pipelines"][0]["reconnects"] >= 2 and s, 30, "retries")
+    (line,) = [r for r in snap["reasons"] if "/dev/vidoe0" in r]
+    assert line.startswith("pipeline cam0 reconnecting: /dev/vidoe0: no such device /dev/vidoe0 (video devices")
+    code, err = daemon.stop()
+    assert code == 0
+    assert "VIDEOIO" not in err  # OpenCV's V4L2 backend was never asked

@@ -104,13 +104,23 @@ ReadOutcome = Literal["stopped", "end", "failed"]
 
 def source_kind(uri: str | int) -> str:
     """Classify a camera uri: device, file, stream or gstreamer."""
-    if isinstance(uri, int) or uri.isdigit() or uri.startswith("/dev/video"):
+    if isinstance(uri, int) or uri.isdigit() or uri.startswith("/dev/"):
         return "device"
     if "://" in uri:
         return "stream"
     if "!" in uri:
         return "gstreamer"
     return "file"
+
+
+def missing_device(uri: str | int) -> str | None:
+    """Why a device path names nothing now (`/dev/vidoe0`: a typo is waited for like an unplugged camera), with
+    the video devices there are; None when it exists (or is an index)."""
+    if isinstance(uri, int) or uri.isdigit() or Path(uri).exists():
+        return None
+    here = sorted(str(p) for p in Path("/dev").glob("video*"))
+    there = ", ".join(here[:8]) if here else "none"
+    return f"no such device {uri} (video devices here: {there}); the pipeline waits for it to appear"
 
 
 @functools.cache
@@ -240,15 +250,23 @@ class CameraSource(Source):
             if self._close_slot:
                 self.slot.close()
 
-    def _try_open(self) -> tuple[Any, str]:
+    def _not_there(self) -> str | None:
+        """Why the source cannot be opened without asking OpenCV (whose backends warn at every retry)."""
         if self.kind == "file" and not Path(str(self.cfg.uri)).is_file():
-            return None, "file not found"
+            return "file not found"
+        if self.kind == "device" and self._open is open_capture:  # (a test's fake camera has no device)
+            return missing_device(self.cfg.uri)
         if self.kind == "gstreamer" and not has_backend("GStreamer"):
             # PyPI's opencv-python(-headless) has no GStreamer; JetPack's python3-opencv does
-            return None, (
+            return (
                 "this OpenCV build has no GStreamer support: install the distribution's python3-opencv "
                 "(JetPack ships one) and create the venv with --system-site-packages, or use /dev/videoN"
             )
+        return None
+
+    def _try_open(self) -> tuple[Any, str]:
+        if (why := self._not_there()) is not None:
+            return None, why
         try:
             cap = self._open(self.cfg)
         except (cv2.error, OSError) as exc:

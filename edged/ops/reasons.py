@@ -98,6 +98,16 @@ CATALOG: tuple[Reason, ...] = (
     ),
     Reason(
         "source",
+        _P + r"reconnecting: \S+: no such device \S+ \(video devices here: [^)]*\); the pipeline waits for it "
+        r"to appear",
+        "pipeline cam0 reconnecting: /dev/vidoe0: no such device /dev/vidoe0 (video devices here: /dev/video0); "
+        "the pipeline waits for it to appear",
+        "The device path names nothing: a camera not plugged in yet, or a typo in source.uri (check-config says "
+        "so too, as a note).",
+        "Compare source.uri with the video devices listed; plug the camera in, or fix the path and reload.",
+    ),
+    Reason(
+        "source",
         _SRC + r"file not found",
         "pipeline cam0 reconnecting: /data/clip.mp4: file not found",
         "A video file that was there at start is gone.",
