@@ -174,3 +174,20 @@ def test_packet_sizes_are_counted_as_paho_sends_them() -> None:
     assert limits.inflight(32) == 32
     assert limits.fits(10_000_000)
     assert not limits.problems(1)
+
+
+def test_a_lost_connection_is_said_in_words_not_as_an_unspecified_error() -> None:
+    """paho reports a socket closed without DISCONNECT (a broker stopped cleanly, a network gone) as 0x80
+    'Unspecified error': the log and status say what it means."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    from edged.uplink.brokerlimits import describe_disconnect
+
+    closed = describe_disconnect(ReasonCode(PacketTypes.DISCONNECT, identifier=0x80), "pi-01")
+    assert closed.startswith("the connection closed without a DISCONNECT (the broker stopped or restarted")
+    assert closed.endswith("(0x80)")
+    shutting = describe_disconnect(ReasonCode(PacketTypes.DISCONNECT, identifier=0x8B), "pi-01")
+    assert shutting.startswith("the broker is shutting down: ")
+    taken = describe_disconnect(ReasonCode(PacketTypes.DISCONNECT, identifier=0x8E), "pi-01")
+    assert taken.startswith("another client with client id 'pi-01' took the session")

@@ -126,6 +126,22 @@ def publish_size(topic: str, payload: bytes, qos: int, props: Properties | None,
     return 1 + varint_size(remaining) + remaining
 
 
+# a lost connection's reason as paho reports it: 0x80 is paho's own word for a socket that closed without any
+# DISCONNECT (a broker stopped, even cleanly when it speaks 3.1.1 or says nothing; a network that dropped)
+CLOSED = {
+    0x80: "the connection closed without a DISCONNECT (the broker stopped or restarted, or the network dropped)",
+    0x8B: "the broker is shutting down",
+}
+
+
+def describe_disconnect(reason: Any, client_id: str) -> str:
+    """Why a connection that worked was lost, in words (see CLOSED), else as describe_reason."""
+    value = getattr(reason, "value", None)
+    if isinstance(value, int) and value in CLOSED:
+        return f"{CLOSED[value]}: {reason} (0x{value:02X})"
+    return describe_reason(reason, client_id)
+
+
 def describe_reason(reason: Any, client_id: str) -> str:
     """A CONNACK or DISCONNECT reason as an operator reads it: its name and code, and what it means when the
     name alone does not say (a takeover, a version the broker does not speak, a limit)."""

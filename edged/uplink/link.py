@@ -17,7 +17,7 @@ from typing import Any
 import paho.mqtt.client as paho
 
 from edged.core.stats import MqttStats
-from edged.uplink.brokerlimits import BrokerLimits, describe_reason
+from edged.uplink.brokerlimits import BrokerLimits, describe_disconnect, describe_reason
 from edged.uplink.inflight import InFlight
 from edged.uplink.reconnect import TAKEOVER_COUNT, TAKEOVER_WINDOW_S, Takeover
 from edged.uplink.session import Hook, Session
@@ -128,7 +128,7 @@ class Link:
         with ears.stats.lock:
             ears.stats.connected = False
         if was and not ears.stopping():
-            why = describe_reason(reason, ears.client_id)
+            why = describe_disconnect(reason, ears.client_id)
             if ears.takeover.dropped(reason, time.monotonic() - self.since):
                 suspicion = (
                     f"the broker closed the connection {TAKEOVER_COUNT} times within {TAKEOVER_WINDOW_S:.0f} s, each "
