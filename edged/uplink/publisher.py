@@ -90,6 +90,7 @@ class Publisher(Supervised):
         )  # the MQTT version spoken: 3.1.1 once a broker refused 5 or left it unanswered (reconnect.next_protocol)
         self.reconnect = Reconnect(cfg)
         self._accepted: Literal["3.1.1", "5"] | None = None  # the version this broker accepted: kept until a restart
+        self._sure = False  # the last fallback to 3.1.1 followed a plain refusal of 5 (0x84, or no CONNACK at all)
         self.hooks: list[Hook] = []  # what rides on the connection (session.py); added before start
         self._ears = Listeners(self._wake.set, stats, self.client_id, f"{cfg.host}:{cfg.port}", cfg.max_inflight,
                                self.pump.window, self._halt.is_set, self.hooks)  # fmt: skip
@@ -137,7 +138,9 @@ class Publisher(Supervised):
                 self._halt.wait(self.reconnect.after_connection(carried=carried, up_s=up_s, blamed=bool(conn.blamed)))
             # the version the broker accepted is kept for the next connects (until a restart or a config change):
             # a broker that does not speak 5 is not asked again at every reconnect (next_protocol goes back to the
-            # configured version if the remembered one fails)
+            # configured version if the remembered one fails); a fallback that proved nothing is not kept
+            if self._accepted is None:
+                self._use_protocol(self.cfg.protocol)
 
     def _connect(self) -> Link | None:
         cfg = (
@@ -174,7 +177,11 @@ class Publisher(Supervised):
             where = f"{self.cfg.host}:{self.cfg.port}"
             after = next_protocol(self.protocol, self.cfg.protocol, connected=conn.connected, refused=conn.refused,
                                   where=where, accepted=self._accepted)  # fmt: skip
-            if conn.connected:
+            if not conn.connected and after != self.protocol:
+                # 0x84 or a CONNECT left unanswered say "not this version"; a connection closed before its CONNACK
+                # may be that (RabbitMQ 3.10) or a broker still starting (Mosquitto mid-restart): not remembered
+                self._sure = conn.refused is not None or not conn.closed
+            if conn.connected and (after == self.cfg.protocol or self._sure):
                 self._accepted = after
             self._use_protocol(after)
         return conn
