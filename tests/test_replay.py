@@ -143,7 +143,11 @@ def test_a_broker_crash_loses_nothing_through_edged_ingest(
     ingest.start(timeout=60)
 
     def report() -> dict[str, Any]:
-        return next(d for d in build_report(open_database(url))["devices"] if d["device"] == device)
+        db = open_database(url)
+        try:
+            return next(d for d in build_report(db)["devices"] if d["device"] == device)
+        finally:
+            db.close()
 
     wait_for(lambda: (r := report())["missing"] == 0 and r["recovered"] >= 100, 120, "every seq, recovered by replay")
     got = ingest.snapshot()["replay"]

@@ -115,6 +115,7 @@ class Spool:
         self.outbox.keep_sent = self.window.enabled
         self.replayed = 0  # results sent again from the window on a consumer's request
         self.intake = IntakeRate()  # bytes a second appended: what an outage would have to hold
+        self._sending_to_window: list[Row] = []  # acknowledged rows in the writer's open commit to the window
         self._clock_base = float(state["clock"])
         self._mono0 = time.monotonic()
         if self._n.depth:
@@ -341,7 +342,8 @@ class Spool:
         with self._cond:
             box = self.outbox
             acked = [r for r in stored if r.id in box.acked]
-            kept += acked + [r for r in box.sent_due if r.pipeline == pipeline and first <= r.seq <= last]
+            due = [*box.sent_due, *self._sending_to_window]
+            kept += acked + [r for r in due if r.pipeline == pipeline and first <= r.seq <= last]
             waiting = [r.seq for r in stored if r.id not in box.acked and r.id not in box.dead]
             waiting += [r.seq for r in box.pending.values() if r.pipeline == pipeline and first <= r.seq <= last]
         unique = {r.seq: r for r in kept}
@@ -356,8 +358,14 @@ class Spool:
         """[lowest, highest] seq of one stream in the replay window, or None."""
         with self._rlock:
             span = spooldb.sent_span(self._rconn, pipeline)
-        with self._cond:  # and those on their way there
-            seqs = [r.seq for r in self.outbox.sent_due if r.pipeline == pipeline] + (list(span) if span else [])
+        with self._cond:  # and those on their way there: in memory, or committed with their delete due
+            due = [*self.outbox.sent_due, *self._sending_to_window]
+            seqs = [r.seq for r in due if r.pipeline == pipeline] + (list(span) if span else [])
+            acked = list(self.outbox.acked)
+        if acked:
+            with self._rlock:
+                stored = spooldb.acked_span(self._rconn, pipeline, acked)
+            seqs += list(stored) if stored else []
         return [min(seqs), max(seqs)] if seqs else None
 
     def send_again(self, rows: list[Row]) -> int:
@@ -391,6 +399,7 @@ class Spool:
                     self._cond.wait(wait)
                 keep = set(self.outbox.acked)
                 batch = self.outbox.take_batch(self.batch_max)
+                self._sending_to_window = batch.sent  # in the commit now: still readable for a replay request
                 # what this commit makes settled: rows after the batch stay pending (uncommitted)
                 marks = self._marks(r for i, r in self.outbox.pending.items() if i > self.outbox.writing_upto)
                 meta, self._meta_dirty = self._meta_dirty, False
@@ -451,6 +460,7 @@ class Spool:
         with self._cond:
             self._n = n
             self.outbox.committed(batch)
+            self._sending_to_window = []
             self._writing = False
             self._commits += 1
             self._changes += 1

@@ -383,6 +383,15 @@ def stream_rows(conn: sqlite3.Connection, pipeline: str, first: int, last: int, 
     return [Row(*r) for r in cur]
 
 
+def acked_span(conn: sqlite3.Connection, pipeline: str, ids: list[int]) -> tuple[int, int] | None:
+    """The lowest and highest seq of a stream among the spool's rows `ids` (acknowledged, their delete due)."""
+    low, high = conn.execute(
+        "SELECT MIN(seq), MAX(seq) FROM results WHERE pipeline = ? AND id IN (SELECT value FROM json_each(?))",
+        (pipeline, json.dumps(ids)),
+    ).fetchone()
+    return None if low is None else (int(low), int(high))
+
+
 def sent_span(conn: sqlite3.Connection, pipeline: str) -> tuple[int, int] | None:
     """The lowest and highest seq of a stream in the window, or None."""
     low, high = conn.execute("SELECT MIN(seq), MAX(seq) FROM sent WHERE pipeline = ?", (pipeline,)).fetchone()
