@@ -342,12 +342,16 @@ class Spool:
         with self._cond:
             box = self.outbox
             acked = [r for r in stored if r.id in box.acked]
-            due = [*box.sent_due, *self._sending_to_window]
-            kept += acked + [r for r in due if r.pipeline == pipeline and first <= r.seq <= last]
+            kept += acked + [r for r in self._window_due(pipeline) if first <= r.seq <= last]
             waiting = [r.seq for r in stored if r.id not in box.acked and r.id not in box.dead]
             waiting += [r.seq for r in box.pending.values() if r.pipeline == pipeline and first <= r.seq <= last]
         unique = {r.seq: r for r in kept}
         return [unique[s] for s in sorted(unique)][:limit], sorted(set(waiting) - set(unique))
+
+    def _window_due(self, pipeline: str) -> list[Row]:
+        """A stream's acknowledged rows on their way to the window: in memory, or in the writer's open commit
+        (with `_cond` held)."""
+        return [r for r in (*self.outbox.sent_due, *self._sending_to_window) if r.pipeline == pipeline]
 
     def capacity_text(self) -> str:
         """The outage the spool holds at the current rate, in words (`3 d 4 h`, `unknown`), for the status line."""
@@ -359,8 +363,7 @@ class Spool:
         with self._rlock:
             span = spooldb.sent_span(self._rconn, pipeline)
         with self._cond:  # and those on their way there: in memory, or committed with their delete due
-            due = [*self.outbox.sent_due, *self._sending_to_window]
-            seqs = [r.seq for r in due if r.pipeline == pipeline] + (list(span) if span else [])
+            seqs = [r.seq for r in self._window_due(pipeline)] + (list(span) if span else [])
             acked = list(self.outbox.acked)
         if acked:
             with self._rlock:
