@@ -267,6 +267,8 @@ def _ingest_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     i.add_argument("--client-id", help="MQTT client id, stable across restarts (default edged-ingest-<host name>)")
     i.add_argument("--topic", default="edged/+/+/results", help="results topic filter")
     i.add_argument("--stats-topic", default="edged/+/stats", help="the devices' stats topic filter")
+    i.add_argument("--clock-topic", default="edged/+/clock",
+                   help="the devices' clock corrections topic filter (docs/mqtt.md: Time)")  # fmt: skip
     i.add_argument("--batch", type=int, default=1000, help="results per transaction at most")
     i.add_argument("--session-expiry", type=int, default=86_400, help="seconds the broker keeps our session")
     i.add_argument(
@@ -599,6 +601,12 @@ def _check_config(path: Path, *, verbose: bool = False) -> int:
     for p in config.pipelines:  # valid, but worth a look: a device path that names nothing now (a typo?)
         if isinstance(p.source, CameraSourceConfig) and (missing := missing_device(p.source.uri)) is not None:
             print(f"  note: {p.name}: {missing}")
+    from edged.core.clock import ask  # noqa: PLC0415
+
+    synced, said = ask(config.clock)
+    if not synced:  # valid, and normal offline: what results will say until a time service vouches for the clock
+        print(f"  note: the clock is not synchronized now ({said}; clock.sync: {config.clock.sync}): results are "
+              "flagged, and corrected once it is")  # fmt: skip
     return 0
 
 

@@ -23,6 +23,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from edged.capture.base import SOURCES
 from edged.control.settings import ControlConfig
 from edged.core import configfile
+from edged.core.clock import ClockConfig
 from edged.core.errors import ConfigError
 from edged.core.settings import NAME_PATTERN, Strict, from_config_dir
 from edged.model.postprocess import POSTPROCESSORS
@@ -106,6 +107,7 @@ class Config(Strict):
     status: StatusConfig = Field(default_factory=StatusConfig)
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     spool: SpoolConfig = Field(default_factory=SpoolConfig)
+    clock: ClockConfig = Field(default_factory=ClockConfig)
     control: ControlConfig | None = Field(
         None, description="Remote control over MQTT with signed commands (docs/fleet.md). Absent: off."
     )

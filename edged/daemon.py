@@ -16,6 +16,7 @@ from typing import Any
 from edged import __version__
 from edged.config import Config
 from edged.control.controller import Controller
+from edged.core.clock import ClockWatch
 from edged.core.durable import make_dirs
 from edged.core.errors import EdgedError
 from edged.core.stats import MqttStats
@@ -37,6 +38,7 @@ from edged.pipeline.settings import PipelineConfig
 from edged.pipeline.worker import ResultHook
 from edged.store.seqlease import SeqGap
 from edged.store.spool import Spool
+from edged.uplink.clockmessage import ClockMessage
 from edged.uplink.homeassistant import STATE_FILE as HA_STATE_FILE
 from edged.uplink.homeassistant import Discovery
 from edged.uplink.publisher import Publisher, topic_for
@@ -135,6 +137,9 @@ class Daemon:
         self.fatal: str | None = None  # a thread that does not restart in-process died: exit 1, systemd restarts
         self.watchdog_stopped = False
         self.mqtt_stats = MqttStats(enabled=config.mqtt.enabled)
+        # whether the wall clock is trusted; frames stamped while it is not (core/clock.py)
+        self.clock = ClockWatch(config.clock, config.state_dir)
+        self.clock.on_change(self._poke)  # a step seen at a frame: wait() asks the time service at once
         self.pipelines = [
             PipelineRunner(
                 p,
@@ -146,6 +151,7 @@ class Daemon:
                 on_worker_exit=self._poke,
                 source_kwargs=source_kwargs,
                 notify=notify,
+                clock=self.clock,
             )
             for p in config.pipelines
         ]
@@ -168,6 +174,7 @@ class Daemon:
         self._wake = Waker()
         try:
             self.state_lock = StateLock(cfg.state_dir)  # before anything is opened: one daemon per state_dir
+            self.clock.check()  # before the first frame: is the wall clock to be trusted?
             self.spool = Spool(cfg.state_dir / "spool.db", cfg.spool, dead_letter_after=cfg.mqtt.dead_letter_after)
             self.spool.announce_gaps(self._gap_message)
             self.spool.start(on_death=self._fatal)
@@ -175,7 +182,11 @@ class Daemon:
             self.status_server.start()
             self.metrics = start_metrics(cfg.metrics, self.report.snapshot, self.report.histograms)
             if cfg.mqtt.enabled:  # secrets are read here: a bad key file stops edged before the models load
-                self.publisher = Publisher(cfg.mqtt, cfg.device_id, self.spool, self.mqtt_stats, on_death=self._fatal)
+                self.publisher = Publisher(cfg.mqtt, cfg.device_id, self.spool, self.mqtt_stats, on_death=self._fatal,
+                                           correct=self.clock.correct)  # fmt: skip
+                if cfg.mqtt.clock_topic:
+                    clock_topic = topic_for(cfg.mqtt.clock_topic, cfg.device_id)
+                    self.publisher.add_hook(ClockMessage(clock_topic, cfg.device_id, self.clock))
                 if cfg.mqtt.stats_interval_s:
                     self.publisher.add_hook(StatsMessage(cfg.mqtt, cfg.device_id, self.report.snapshot))
                 if cfg.mqtt.replay_topic and self.spool.window.enabled:
@@ -319,6 +330,8 @@ class Daemon:
             wake.drain()
             if self._stopping():
                 return
+            if self.clock.check_wanted.is_set():  # a source saw the wall clock step
+                self.clock.check()
             if self._reload_asked:
                 self._reload_asked = False
                 self.reloader.request_reload()
@@ -335,11 +348,12 @@ class Daemon:
                 return
 
     def _timers(self) -> list[tuple[float, float, Callable[[], object]]]:
-        """(next due, period, action) of wait()'s timers: the journal summary, and under systemd the STATUS=
-        line and the watchdog ping."""
+        """(next due, period, action) of wait()'s timers: the journal summary, the clock's check, and under
+        systemd the STATUS= line and the watchdog ping."""
         now = time.monotonic()
         timers: list[tuple[float, float, Callable[[], object]]] = [
-            (now + LOG_EVERY_S, LOG_EVERY_S, lambda: log.info("%s", self.report.status_line()))
+            (now + LOG_EVERY_S, LOG_EVERY_S, lambda: log.info("%s", self.report.status_line())),
+            (now + self.config.clock.check_s, self.config.clock.check_s, self.clock.check),
         ]
         if self.controller is not None:  # the retained state follows health changes
             timers.append((now + STATUS_EVERY_S, STATUS_EVERY_S, self.controller.report_state))

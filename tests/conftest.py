@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -328,7 +328,10 @@ class DaemonProc:
         return self.proc.returncode, err
 
 
-StartDaemon = Callable[[Path], "DaemonProc"]
+class StartDaemon(Protocol):
+    """Start `edged run --config config` (in `env`, else this process's environment)."""
+
+    def __call__(self, config: Path, env: dict[str, str] | None = None) -> DaemonProc: ...
 
 
 class NotifySocket:
@@ -371,17 +374,17 @@ def notify_socket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[N
 
 
 @pytest.fixture
-def start_daemon() -> Iterator[Callable[[Path], DaemonProc]]:
+def start_daemon() -> Iterator[StartDaemon]:
     procs: list[DaemonProc] = []
 
-    def start(config: Path) -> DaemonProc:
+    def start(config: Path, env: dict[str, str] | None = None) -> DaemonProc:
         state = yaml.safe_load(config.read_text())["state_dir"]
         proc = subprocess.Popen(
             [sys.executable, "-m", "edged", "run", "--config", str(config)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+            env={**(env or os.environ), "PYTHONFAULTHANDLER": "1"},
         )
         d = DaemonProc(proc, Path(state) / "status.sock")
         procs.append(d)

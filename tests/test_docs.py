@@ -167,14 +167,16 @@ def documented(page: str) -> set[str]:
 def test_every_field_of_real_messages_is_on_the_mqtt_page(
     tmp_path: Path, broker: Broker, subscribe: Subscribe, start_daemon: StartDaemon
 ) -> None:
-    """A real run (the bundled model and video, a real broker): each field of the result, availability and
-    stats messages it publishes is named on docs/mqtt.md (or, for the stats' status snapshot, docs/status.md)."""
+    """A real run (the bundled model and video, a real broker): each field of the result, availability, clock
+    and stats messages it publishes is named on docs/mqtt.md (or, for the stats' status snapshot, docs/status.md)."""
     cfg = base_config(tmp_path, ASSETS / "digits.int8.onnx", str(ASSETS / "sample.mp4"), broker=broker, fps=20)
     cfg["mqtt"]["stats_interval_s"] = 0.5
     sub = subscribe(broker, f"edged/{cfg['device_id']}/#")
     start_daemon(write_config(tmp_path / "edged.yaml", cfg))
     stats_topic = f"edged/{cfg['device_id']}/stats"
-    wait_for(lambda: sub.results() and sub.payloads(stats_topic), 60, "a result and a stats message")
+    clock_topic = f"edged/{cfg['device_id']}/clock"
+    wait_for(lambda: sub.results() and sub.payloads(stats_topic) and sub.payloads(clock_topic), 60,
+             "a result, a stats and a clock message")  # fmt: skip
     mqtt_page, status_page = documented("mqtt.md"), documented("status.md")
     result = sub.results()[0]
     missing = [f"result.{k}" for k in result if k not in mqtt_page]
@@ -185,6 +187,9 @@ def test_every_field_of_real_messages_is_on_the_mqtt_page(
     missing += [f"stats.spool.{k}" for k in stats["spool"] if k not in status_page]
     missing += [f"stats.mqtt.{k}" for k in stats["mqtt"] if k not in status_page]
     missing += [f"stats.pipelines[].{k}" for k in stats["pipelines"][0] if k not in status_page]
+    missing += [f"stats.clock.{k}" for k in stats["clock"] if k not in status_page]
+    clock = json.loads(sub.payloads(f"edged/{cfg['device_id']}/clock")[-1][0])  # retained, sent on connect
+    missing += [f"clock.{k}" for k in clock if k not in mqtt_page]
     assert not missing, f"fields published but not documented: {missing}"
     assert sub.payloads(f"edged/{cfg['device_id']}/status")[0][0] == b"online"
 

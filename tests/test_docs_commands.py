@@ -108,6 +108,10 @@ def test_the_getting_started_commands_run_as_written(checkout: Path, own_broker:
         shown = sh(status, checkout, timeout=30)
         assert shown.returncode == 0, shown.stdout + shown.stderr
         assert "running" in shown.stdout
+        # the feed's backlog at the start comes as one burst of windows: each waits for the model (0.3 ms)
+        pipeline = json.loads(sh(status + " --json", checkout, timeout=30).stdout)["pipelines"][0]
+        assert pipeline["frames_captured"] >= 3
+        assert pipeline["dropped_frames"] == 0, pipeline
     finally:
         for proc in reversed(procs):
             os.killpg(proc.pid, signal.SIGTERM)

@@ -29,9 +29,18 @@ from edged.control.gate import CommandGate
 from edged.control.remoteconfig import apply_remote_config
 from edged.control.settings import ControlConfig
 from edged.core import safejson
+from edged.core.clock import MARK, ClockConfig, ClockWatch
 from edged.core.errors import CommandError, ConfigError, InputError, StatusError
 from edged.core.signing import generate_key, load_private_key, sign
-from edged.fleet.ingestparse import SEQ_MAX, Identity, RefusedError, parse_gap, parse_results, parse_stats
+from edged.fleet.ingestparse import (
+    SEQ_MAX,
+    Identity,
+    RefusedError,
+    parse_clock,
+    parse_gap,
+    parse_results,
+    parse_stats,
+)
 from edged.fleet.replayer import Replayer
 from edged.ops.checkconfig import check_config
 from edged.ops.status import query
@@ -211,6 +220,44 @@ def test_what_ingest_accepts_is_in_range_and_from_the_topic_s_device(fields: dic
         assert 1 <= row.seq <= SEQ_MAX
         assert math.isfinite(row.ts)
         assert row.ts >= 0
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=300), st.sampled_from(list(CORPUS.values()))))
+def test_a_clock_message_of_any_bytes_is_read_or_refused_with_a_reason(data: bytes) -> None:
+    try:
+        corrections = parse_clock(data, DEVICE)
+    except RefusedError as exc:
+        assert exc.reason
+    else:
+        assert all(c.device == "d" and math.isfinite(c.mono + c.offset) for c in corrections)
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(["synced", "boot", "mono", "corrected", "ts_original", "x"]), json_values))
+def test_a_result_s_clock_object_of_any_fields_is_read_in_range_or_refused(clock: dict[str, Any]) -> None:
+    payload = json.dumps({"device": "d", "pipeline": "p", "seq": 1, "ts": 1.0, "clock": clock}).encode()
+    try:
+        (row,) = parse_results(payload, Identity("d", "p"))
+    except RefusedError as exc:
+        assert exc.reason
+        return
+    assert row.clock in {None, "unsynced", "corrected"}
+    if row.clock is not None:
+        assert row.clock_boot
+        assert row.clock_mono is not None
+        assert math.isfinite(row.clock_mono)
+
+
+@FUZZ
+@given(st.binary(max_size=200), json_values)
+def test_a_spooled_payload_the_device_corrects_is_corrected_or_sent_as_it_is(tail: bytes, value: Any) -> None:
+    """The uplink corrects a flagged result's time on its way out (core/clock.py): whatever the spool holds
+    (a torn or foreign row), it goes out, corrected or as it was, never an exception in the edged-mqtt thread."""
+    watch = ClockWatch(ClockConfig(sync="assume"))
+    for payload in (MARK + tail, b"{" + MARK + b"," + json.dumps(value).encode() + b"}"):
+        out = watch.correct(payload)
+        assert out == payload or json.loads(out)["clock"]["corrected"] is True
 
 
 def test_a_result_on_another_device_s_topic_is_refused_as_an_identity_mismatch() -> None:

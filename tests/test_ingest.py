@@ -24,7 +24,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from pgserver import PgServer
 
 from edged.fleet.ingest import Ingest, IngestOptions
-from edged.fleet.ingestdb import GapRow, ResultRow, StatsRow, open_database
+from edged.fleet.ingestdb import CorrectionRow, GapRow, ResultRow, StatsRow, open_database
+from edged.fleet.ingestparse import Identity, parse_results
 from edged.fleet.report import build_report
 
 pytestmark = pytest.mark.integration
@@ -400,3 +401,65 @@ def test_a_message_the_database_refuses_alone_is_quarantined_and_its_batch_lands
     device.send_results(dev, "cam0", [4])  # aftermath: not retried forever, the next batch lands
     wait_for(lambda: ingest.snapshot()["inserted"] == 4, 30, "the next result")
     assert ingest.snapshot()["db_errors"] == 0
+
+
+def _flagged(device: str, seq: int, ts: float, boot: str, mono: float) -> ResultRow:
+    body = json.dumps({"device": device, "pipeline": "cam0", "seq": seq, "ts": ts,
+                       "clock": {"synced": False, "boot": boot, "mono": mono}})  # fmt: skip
+    (row,) = parse_results(body.encode(), Identity(device, "cam0"))
+    return row
+
+
+def test_results_stamped_by_an_unsynchronized_clock_are_corrected_whichever_arrives_first(db_url: str) -> None:
+    """A device booted at 1970 (core/clock.py): its flagged rows take the time of the first correction of their
+    boot at or after their capture, whether the correction comes before or after them; the device's own stamp
+    stays beside it; another boot's rows and a synchronized device's rows are left alone."""
+    db = open_database(db_url)
+    try:
+        before = [_flagged("a", s, 86_400.0 + s, "boot-1", 10.0 + s) for s in range(1, 4)]  # mono 11..13
+        other_boot = _flagged("a", 4, 86_500.0, "boot-0", 5.0)
+        synced = ResultRow("b", "cam0", 1, 1_764_680_000.0, "{}")
+        db.write([*before, other_boot, synced], [])
+        assert db.clocks() == {"a": {"unsynced": 4, "corrected": 0}}
+
+        # the clock synchronized at mono 20 (offset 1_764_680_000) and was stepped back later (a second stretch)
+        corrections = [CorrectionRow("a", "boot-1", 20.0, 1_764_680_000.0), CorrectionRow("a", "boot-1", 90.0, 1e9)]
+        db.write([], [], corrections=corrections)
+        late = _flagged("a", 5, 86_600.0, "boot-1", 50.0)  # sent before the correction, arrives after it
+        db.write([late], [], corrections=corrections)  # the clock message again (retained): idempotent
+        rows = _rows(db_url, "a")
+        assert rows[1] == (1_764_680_011.0, 86_401.0, "corrected")
+        assert rows[3] == (1_764_680_013.0, 86_403.0, "corrected")
+        assert rows[4] == (86_500.0, None, "unsynced")  # boot-0 never synchronized: as stamped, flagged
+        assert rows[5] == (1e9 + 50.0, 86_600.0, "corrected")  # after the first correction: the second one's
+        assert db.clocks() == {"a": {"unsynced": 1, "corrected": 4}}
+        assert build_report(db)["devices"][0]["clock"] == {"unsynced": 1, "corrected": 4}
+    finally:
+        db.close()
+
+
+def _rows(url: str, device: str) -> dict[int, tuple[float, float | None, str | None]]:
+    db = open_database(url)
+    try:
+        conn: Any = db.conn  # type: ignore[attr-defined]
+        sql = f"SELECT seq, ts, ts_original, clock FROM results WHERE device = '{device}' ORDER BY seq"  # noqa: S608
+        return {int(r[0]): (float(r[1]), r[2], r[3]) for r in conn.execute(sql)}
+    finally:
+        db.close()
+
+
+def test_a_database_from_before_the_clock_columns_gets_them_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE results (device TEXT NOT NULL, pipeline TEXT NOT NULL, seq BIGINT NOT NULL, "
+                 "ts DOUBLE PRECISION NOT NULL, body TEXT NOT NULL, PRIMARY KEY (device, pipeline, seq))")  # fmt: skip
+    conn.execute("INSERT INTO results VALUES ('a', 'cam0', 1, 5.0, '{}')")
+    conn.commit()
+    conn.close()
+    db = open_database(str(path))
+    try:
+        db.write([_flagged("a", 2, 6.0, "boot", 1.0)], [], corrections=[CorrectionRow("a", "boot", 2.0, 100.0)])
+        assert db.count() == 2
+    finally:
+        db.close()
+    assert _rows(str(path), "a") == {1: (5.0, None, None), 2: (101.0, 6.0, "corrected")}

@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy.typing as npt
 
+from edged.core.clock import Unsynced
 from edged.core.osthread import CAPTURE_NICE
 from edged.core.registry import Registry
 from edged.core.stats import PipelineStats
@@ -39,6 +40,9 @@ class Frame:
     tensor: npt.NDArray[Any] | None = None
     pre_ms: float = 0.0
     pre_token: object = None
+    mono: float | None = None  # CLOCK_BOOTTIME when `ts` was taken (None: not known, the slot's time is used)
+    own_clock: bool = False  # `ts` is the data's own epoch time (a sensor's), not this device's clock: not flagged
+    clock: Unsynced | None = None  # stamped by the slot while the wall clock is not trusted (core/clock.py)
 
 
 class Preparer(Protocol):
@@ -57,19 +61,26 @@ class Preparer(Protocol):
 class FrameSlot:
     """A one-frame mailbox between a source and its model: `put` overwrites, so the latest frame wins.
 
-    The source never blocks on a slow model; every overwritten frame is reported as dropped.
+    The source never blocks on a slow model; every overwritten frame is reported as dropped. Every frame of
+    every source passes here as it is captured, so here it is stamped when the wall clock is not trusted
+    (`stamp`: the daemon's ClockWatch; None trusts the clock).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, stamp: Callable[[float, float | None], Unsynced | None] | None = None) -> None:
         self._cond = threading.Condition()
         self._frame: Frame | None = None
         self._closed = False
+        self.stamp = stamp
 
     def put(self, frame: Frame) -> int:
         """Store `frame`; return 1 when it replaced a frame the model never saw, else 0.
 
         After `close()` (the consumer gave up) frames are not stored and count as dropped.
         """
+        if self.stamp is not None and frame.clock is None and not frame.own_clock:
+            clock = self.stamp(frame.ts, frame.mono)
+            if clock is not None:
+                frame = replace(frame, clock=clock)
         with self._cond:
             if self._closed:
                 return 1
@@ -91,8 +102,7 @@ class FrameSlot:
     def wait_empty(self, timeout: float) -> bool:
         """Wait until the model took the last frame (paces a file to the model). True when empty."""
         with self._cond:
-            if self._frame is not None and not self._closed:
-                self._cond.wait(timeout)
+            self._cond.wait_for(lambda: self._frame is None or self._closed, timeout)
             return self._frame is None
 
     def close(self) -> None:

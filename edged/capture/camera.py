@@ -21,6 +21,7 @@ from edged.capture import rtsp
 from edged.capture.base import SOURCES, Frame, FrameSlot, Preparer, Source
 from edged.capture.motion import MotionGate
 from edged.core.backoff import Backoff
+from edged.core.clock import boottime
 from edged.core.settings import Strict, check_order, from_config_dir
 from edged.core.stats import PipelineStats
 
@@ -286,13 +287,13 @@ class CameraSource(Source):
             return f"stalled: no frame for {gap:.1f} s"
         return "read failed"
 
-    def _frame(self, image: npt.NDArray[np.uint8], index: int, ts: float) -> Frame:
+    def _frame(self, image: npt.NDArray[np.uint8], index: int, ts: float, mono: float | None) -> Frame:
         if self._prepare is None:
-            return Frame(image, ts, index)
+            return Frame(image, ts, index, mono=mono)
         # preprocessing here overlaps it with the model run of the previous frame (a pipeline stage)
         t0 = time.perf_counter()
         tensor, token = self._prepare(image)
-        return Frame(image, ts, index, tensor, (time.perf_counter() - t0) * 1e3, token)
+        return Frame(image, ts, index, tensor, (time.perf_counter() - t0) * 1e3, token, mono=mono)
 
     def _read(self, cap: Any) -> tuple[bool, Any]:
         """One frame (a stream's read gives up after stall_s); remembers when the last one came.
@@ -336,9 +337,10 @@ class CameraSource(Source):
                     self._halt.wait(next_due - now)
                 next_due = max(next_due + interval, time.monotonic() - interval)
             ts = opened + index / video_fps if video_clock else time.time()
+            mono = None if video_clock else boottime()  # beside the wall time: what corrects it (core/clock.py)
             if self.motion is not None and not self.motion.wanted(image, ts if video_clock else time.monotonic()):
                 self.stats.count_motion_skip()  # a still scene: the model does not run
                 continue
-            dropped = self.slot.put(self._frame(np.asarray(image), index, ts))
+            dropped = self.slot.put(self._frame(np.asarray(image), index, ts, mono))
             self.stats.count_capture(dropped)
         return "stopped", frames

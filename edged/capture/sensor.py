@@ -41,6 +41,7 @@ from edged.capture.sensor_parse import (
     Windower,
 )
 from edged.core.backoff import Backoff
+from edged.core.clock import boottime
 from edged.core.errors import SourceError
 from edged.core.settings import Strict, check_order, from_config_dir
 from edged.core.stats import PipelineStats
@@ -48,6 +49,11 @@ from edged.core.stats import PipelineStats
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2  # longest a read blocks: the stop flag is seen within this
+# windows cut from one read (a burst: a FIFO's backlog at the start, a serial buffer after a pause) are handed
+# over one by one, each waiting for the model to take the one before, for this long in all; then the latest
+# wins as for a camera. Short, so the transport's own buffer never overflows meanwhile (a serial port's 4 KiB
+# holds 350 ms at 115,200 baud).
+BURST_WAIT_S = 0.25
 MALFORMED_LOG_EVERY_S = 10.0
 BAUD_RATES = (1200, 2400, 4800, 9600, 19200, 38400, 57600, 115200, 230400, 460800, 500000, 576000, 921600,
               1000000, 1500000, 2000000, 3000000, 4000000)  # fmt: skip
@@ -353,16 +359,17 @@ class SensorSource(Source):
                 self.stats.touch()  # not a result, but a live loop: the watchdog must not restart us for it
         return None
 
-    def _frame(self, window: Any, ts: float) -> Frame:
+    def _frame(self, window: Any, ts: float, mono: float, own: bool) -> Frame:
         if self.prepare is None:
-            return Frame(window, ts, self._index)
+            return Frame(window, ts, self._index, mono=mono, own_clock=own)
         t0 = time.perf_counter()
         tensor, token = self.prepare(window)
-        return Frame(window, ts, self._index, tensor, (time.perf_counter() - t0) * 1e3, token)
+        took = (time.perf_counter() - t0) * 1e3
+        return Frame(window, ts, self._index, tensor, took, token, mono=mono, own_clock=own)
 
     def _take(self, data: bytes, final: bool) -> int:
         """Parse, window and hand over; returns the number of good samples."""
-        arrival = time.time()
+        arrival, arrival_mono = time.time(), boottime()  # the second corrects the first (core/clock.py)
         parsed = self.parser.feed(data, final=final)
         if parsed.malformed:
             self.stats.count_malformed(parsed.malformed)
@@ -372,8 +379,12 @@ class SensorSource(Source):
             return 0
         self.samples += n
         stamps = self.clock.stamps(parsed.clock, arrival, n)
+        own = parsed.clock is not None and self.clock.epoch  # the data's epoch time: the sensor's word, not ours
+        deadline = time.monotonic() + BURST_WAIT_S
         for window, ts in self.windower.push(parsed.values, stamps):
-            frame = self._frame(window, ts)
+            frame = self._frame(window, ts, arrival_mono + (ts - arrival), own)
             self._index += 1
+            if (left := deadline - time.monotonic()) > 0:
+                self.slot.wait_empty(left)  # a burst is no reason to drop windows the model has time for
             self.stats.count_capture(self.slot.put(frame))
         return n

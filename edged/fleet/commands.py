@@ -35,6 +35,7 @@ def _options(args: argparse.Namespace) -> IngestOptions:
         client_id=args.client_id or f"edged-ingest-{socket.gethostname()}",
         results_topic=args.topic,
         stats_topic=args.stats_topic,
+        clock_topic=args.clock_topic,
         batch=max(1, args.batch),
         receive_max=max(4 * args.batch, 100),
         session_expiry_s=args.session_expiry,

@@ -34,6 +34,7 @@ from edged.core.secrets import read_secret
 from edged.core.threads import Supervised
 from edged.fleet.ingestdb import (
     QUARANTINE_KEEP_BYTES,
+    CorrectionRow,
     Database,
     GapRow,
     QuarantineRow,
@@ -41,7 +42,15 @@ from edged.fleet.ingestdb import (
     ResultRow,
     StatsRow,
 )
-from edged.fleet.ingestparse import RefusedError, parse_gap, parse_results, parse_stats, topic_identity, wildcard_levels
+from edged.fleet.ingestparse import (
+    RefusedError,
+    parse_clock,
+    parse_gap,
+    parse_results,
+    parse_stats,
+    topic_identity,
+    wildcard_levels,
+)
 from edged.fleet.replayer import Replayer
 from edged.uplink.mqttclient import BrokerAccess, make_client
 
@@ -64,6 +73,7 @@ class IngestOptions:
     events_topic: str = "edged/+/+/events"  # a tracking pipeline's events: rows keyed "<pipeline>/events"
     stats_topic: str = "edged/+/stats"
     gaps_topic: str = "edged/+/+/gaps"  # seq ranges a device declared uncertain after an unclean stop
+    clock_topic: str = "edged/+/clock"  # corrections of times stamped while a device's clock was not synchronized
     replay_topic: str = "edged/{device_id}/replay"  # ask devices for missing seqs (replayer.py); "" never asks
     replay_after_s: float = 5.0  # a seq missing this long is asked for
     batch: int = 1000  # results per transaction at most
@@ -104,6 +114,7 @@ class _Parsed:
     rows: list[ResultRow] = field(default_factory=list)
     stats: list[StatsRow] = field(default_factory=list)
     gaps: list[GapRow] = field(default_factory=list)
+    corrections: list[CorrectionRow] = field(default_factory=list)
     refused: tuple[str, str] | None = None
     answer: dict[str, Any] | None = None  # a device's answer to a replay request (nothing to write)
 
@@ -128,6 +139,10 @@ def _batch(
         stats += p.stats
         gaps += p.gaps
     return list(rows.values()), stats, gaps, quarantine
+
+
+def _corrections(parsed: list[_Parsed]) -> list[CorrectionRow]:
+    return [c for p in parsed if p.refused is None for c in p.corrections]
 
 
 @dataclass
@@ -169,7 +184,8 @@ class Ingest:
     def _new_client(self) -> paho.Client:
         opts = self.opts
         filters = {"--results-topic": (opts.results_topic, 2), "--events-topic": (opts.events_topic, 2),
-                   "--gaps-topic": (opts.gaps_topic, 2), "--stats-topic": (opts.stats_topic, 1)}  # fmt: skip
+                   "--gaps-topic": (opts.gaps_topic, 2), "--stats-topic": (opts.stats_topic, 1),
+                   "--clock-topic": (opts.clock_topic, 1)}  # fmt: skip
         for name, (topic_filter, levels) in filters.items():
             if wildcard_levels(topic_filter) < levels:
                 what = "the device and the pipeline" if levels == 2 else "the device"
@@ -217,7 +233,8 @@ class Ingest:
         # retained stats are not sent to shared subscriptions: every ingest reads them (upserts are idempotent)
         stats = (self.opts.stats_topic, qos)
         gaps = (shared + self.opts.gaps_topic, qos)
-        wanted = [results, events, stats, gaps]
+        clock = (self.opts.clock_topic, qos)  # retained, like the stats: every ingest reads them (idempotent)
+        wanted = [results, events, stats, gaps, clock]
         if self._answers:  # every ingest reads every answer (not shared): each takes those to its own requests
             wanted.append((self._answers, SubscribeOptions(qos=0) if self.opts.protocol == "5" else 0))
         client.subscribe(wanted)
@@ -372,22 +389,28 @@ class Ingest:
         kinds = (
             ("stats", o.stats_topic),
             ("gaps", o.gaps_topic),
+            ("clock", o.clock_topic),
             ("results", o.results_topic),
             ("results", o.events_topic),
         )
-        kind, topic_filter = next(((k, f) for k, f in kinds if paho.topic_matches_sub(f, item.topic)), kinds[2])
+        kind, topic_filter = next(((k, f) for k, f in kinds if paho.topic_matches_sub(f, item.topic)), kinds[3])
         sender = topic_identity(topic_filter, item.topic)
+        parsed = _Parsed(item, sender.device)
         try:
             if kind == "stats":
-                return _Parsed(item, sender.device, stats=[parse_stats(item.payload, sender, now)])
-            if kind == "gaps":
-                return _Parsed(item, sender.device, gaps=[parse_gap(item.payload, sender)])
-            return _Parsed(item, sender.device, rows=parse_results(item.payload, sender))
+                parsed.stats = [parse_stats(item.payload, sender, now)]
+            elif kind == "gaps":
+                parsed.gaps = [parse_gap(item.payload, sender)]
+            elif kind == "clock":
+                parsed.corrections = parse_clock(item.payload, sender)
+            else:
+                parsed.rows = parse_results(item.payload, sender)
         except RefusedError as exc:
             return _Parsed(item, sender.device, refused=(exc.reason, str(exc)))
         except Exception as exc:  # a case the checks missed: refused all the same, never a dead writer
             log.exception("ingest: unexpected error reading a message on %s", item.topic)
             return _Parsed(item, sender.device, refused=("internal", f"{type(exc).__name__}: {exc}"))
+        return parsed
 
     def _parse_answer(self, item: _Item) -> _Parsed:
         """A device's answer to a replay request: for the replayer, never written; refused if unreadable."""
@@ -417,7 +440,7 @@ class Ingest:
         results = sum(len(p.rows) for p in parsed if p.refused is None)
         with self._lock:
             c = self.counters
-            c.messages += sum(1 for p in parsed if not p.stats and not p.gaps and p.answer is None)
+            c.messages += sum(1 for p in parsed if not (p.stats or p.gaps or p.corrections) and p.answer is None)
             c.results += results
             c.inserted += inserted
             c.duplicates += results - inserted
@@ -450,7 +473,7 @@ class Ingest:
 
     def _write_isolating(self, parsed: list[_Parsed], now: float, replays: list[ReplayRow]) -> int:
         try:
-            return self.db.write(*_batch(parsed, now), replays)
+            return self.db.write(*_batch(parsed, now), replays, corrections=_corrections(parsed))
         except IngestDataError as exc:
             log.warning("ingest: the database refused a batch (%s); writing it message by message", exc)
         inserted = 0
@@ -458,7 +481,7 @@ class Ingest:
             if p.refused is not None:
                 continue
             try:
-                inserted += self.db.write(*_batch([p], now))
+                inserted += self.db.write(*_batch([p], now), corrections=_corrections([p]))
             except IngestDataError as exc:
                 p.refused = ("db_refused", str(exc))
         self.db.write(*_batch([p for p in parsed if p.refused is not None], now), replays)

@@ -1,5 +1,11 @@
 """The ingest's database: results exactly once by (device, pipeline, seq), the devices' last stats messages.
 
+A result stamped while its device's clock was not synchronized (core/clock.py) keeps what corrects it
+(`clock_boot`, `clock_mono`) and `clock = 'unsynced'`; once the device's correction for that boot is here
+(`clock_corrections`, from its clock message, whichever arrives first), `ts` becomes the true time, the
+device's own stamp moves to `ts_original` and `clock` to 'corrected'. A result the device corrected before
+sending arrives so.
+
 Two back ends with one shape: SQLite (a file, the default) and PostgreSQL (`postgresql://...`, psycopg 3).
 A write is one transaction: the results (duplicates ignored by the primary key) and the stats messages;
 the caller acknowledges the MQTT messages only after it returned, so a crash between the two costs a
@@ -26,6 +32,27 @@ class ResultRow(NamedTuple):
     seq: int
     ts: float
     body: str  # the result message, JSON
+    ts_original: float | None = None  # the device's own stamp when its clock was not synchronized
+    clock: str | None = None  # None: synchronized; 'unsynced' (not corrected yet) or 'corrected'
+    clock_boot: str | None = None  # what corrects it: the device's boot id and CLOCK_BOOTTIME at capture
+    clock_mono: float | None = None
+
+
+SQLITE_INSERT = (
+    "INSERT OR IGNORE INTO results (device, pipeline, seq, ts, body, ts_original, clock, clock_boot, clock_mono) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+CLOCK_COLUMNS = (("ts_original", "DOUBLE PRECISION"), ("clock", "TEXT"), ("clock_boot", "TEXT"),
+                 ("clock_mono", "DOUBLE PRECISION"))  # fmt: skip
+
+
+class CorrectionRow(NamedTuple):
+    """A device's clock correction: in boot `boot`, CLOCK_BOOTTIME `mono` was wall time `mono + offset`."""
+
+    device: str
+    boot: str
+    mono: float
+    offset: float
 
 
 class StatsRow(NamedTuple):
@@ -100,6 +127,9 @@ class Gap(NamedTuple):
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS results (device TEXT NOT NULL, pipeline TEXT NOT NULL, seq BIGINT NOT NULL, "
     "ts DOUBLE PRECISION NOT NULL, body {json} NOT NULL, PRIMARY KEY (device, pipeline, seq))",
+    # the corrections of devices' clocks (clock messages), and the results waiting for one
+    "CREATE TABLE IF NOT EXISTS clock_corrections (device TEXT NOT NULL, boot TEXT NOT NULL, "
+    "mono DOUBLE PRECISION NOT NULL, wall_offset DOUBLE PRECISION NOT NULL, PRIMARY KEY (device, boot, mono))",
     "CREATE TABLE IF NOT EXISTS device_stats (device TEXT PRIMARY KEY, ts DOUBLE PRECISION NOT NULL, "
     "body {json} NOT NULL)",
     "CREATE TABLE IF NOT EXISTS declared_gaps (device TEXT NOT NULL, pipeline TEXT NOT NULL, first BIGINT NOT NULL, "
@@ -110,6 +140,17 @@ SCHEMA = (
     "CREATE TABLE IF NOT EXISTS replay_ranges (device TEXT NOT NULL, pipeline TEXT NOT NULL, first BIGINT NOT NULL, "
     "last BIGINT NOT NULL, outcome TEXT NOT NULL, ts DOUBLE PRECISION NOT NULL)",
 )
+# after the columns are there (a database from before they were gets them added: `_add_clock_columns`)
+INDEXES = (
+    "CREATE INDEX IF NOT EXISTS results_unsynced ON results (device, clock_boot, clock_mono) WHERE clock = 'unsynced'",
+)
+CORRECTIONS_OF = "SELECT mono, wall_offset FROM clock_corrections WHERE device = {p} AND boot = {p} ORDER BY mono"
+# a result takes the first correction of its boot at or after its capture (corrections in ascending order)
+CORRECT = (
+    "UPDATE results SET ts_original = ts, ts = clock_mono + {p}, clock = 'corrected' "
+    "WHERE device = {p} AND clock_boot = {p} AND clock = 'unsynced' AND clock_mono <= {p}"
+)
+CLOCKS = "SELECT device, clock, COUNT(*) FROM results WHERE clock IS NOT NULL GROUP BY 1, 2 ORDER BY 1, 2"
 # rows that arrived in a range asked for (recovered by a replay), and the seqs devices said are gone, per device
 RECOVERED = (
     "SELECT device, COUNT(*) FROM (SELECT DISTINCT r.device, r.pipeline, r.seq FROM replay_ranges a JOIN results r "
@@ -143,10 +184,13 @@ class Database(Protocol):
         gaps: list[GapRow] | None = None,
         quarantine: list[QuarantineRow] | None = None,
         replays: list[ReplayRow] | None = None,
+        *,
+        corrections: list[CorrectionRow] | None = None,
     ) -> int:
-        """Insert the rows, declared gaps (existing keys ignored), quarantined messages and replay records and
-        upsert the stats in one transaction; rows inserted. IngestDataError when the database refuses the data
-        itself (retrying the same batch cannot help), IngestError when it is away."""
+        """Insert the rows, declared gaps (existing keys ignored), quarantined messages, replay records and clock
+        corrections (applied to the rows they correct), and upsert the stats in one transaction; rows inserted.
+        IngestDataError when the database refuses the data itself (retrying the same batch cannot help),
+        IngestError when it is away."""
 
     def quarantined(self) -> dict[str, dict[str, int]]:
         """Quarantined messages per device ('' for a topic that names none), by reason."""
@@ -165,6 +209,10 @@ class Database(Protocol):
 
     def device_stats(self) -> dict[str, dict[str, Any]]:
         """The last stats message of each device."""
+
+    def clocks(self) -> dict[str, dict[str, int]]:
+        """Per device: results stamped while its clock was not synchronized, 'unsynced' (no correction yet)
+        and 'corrected'."""
 
     def count(self) -> int:
         """Rows in the results table."""
@@ -189,6 +237,20 @@ def _replay_dict(recovered: list[tuple[Any, ...]], gone: list[tuple[Any, ...]]) 
     return out
 
 
+def _touched(rows: list[ResultRow], corrections: list[CorrectionRow]) -> set[tuple[str, str]]:
+    """The (device, boot) pairs whose rows a write may correct."""
+    return {(r.device, r.clock_boot) for r in rows if r.clock == "unsynced" and r.clock_boot is not None} | {
+        (c.device, c.boot) for c in corrections
+    }
+
+
+def _clock_dict(rows: list[tuple[Any, ...]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for device, clock, count in rows:
+        out.setdefault(str(device), {"unsynced": 0, "corrected": 0})[str(clock)] = int(count)
+    return out
+
+
 def _stats_dict(rows: list[tuple[str, Any]]) -> dict[str, dict[str, Any]]:
     out = {}
     for device, body in rows:
@@ -208,6 +270,12 @@ class SqliteDatabase:
             self.conn.execute("PRAGMA busy_timeout=10000")
             for statement in SCHEMA:
                 self.conn.execute(statement.format(json="TEXT", blob="BLOB"))
+            have = {row[1] for row in self.conn.execute("PRAGMA table_info(results)")}
+            for column, kind in CLOCK_COLUMNS:
+                if column not in have:  # a database from before the clock columns
+                    self.conn.execute(f"ALTER TABLE results ADD COLUMN {column} {kind}")
+            for statement in INDEXES:
+                self.conn.execute(statement)
         except sqlite3.Error as exc:
             raise IngestError(f"cannot open {path}: {exc}") from exc
 
@@ -218,13 +286,19 @@ class SqliteDatabase:
         gaps: list[GapRow] | None = None,
         quarantine: list[QuarantineRow] | None = None,
         replays: list[ReplayRow] | None = None,
+        *,
+        corrections: list[CorrectionRow] | None = None,
     ) -> int:
         conn = self.conn
         try:
             conn.execute("BEGIN IMMEDIATE")
             before = conn.total_changes
-            conn.executemany("INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?, ?)", rows)
+            conn.executemany(SQLITE_INSERT, rows)
             inserted = conn.total_changes - before
+            conn.executemany("INSERT OR IGNORE INTO clock_corrections VALUES (?, ?, ?, ?)", corrections or [])
+            for device, boot in _touched(rows, corrections or []):
+                for mono, offset in conn.execute(CORRECTIONS_OF.format(p="?"), (device, boot)).fetchall():
+                    conn.execute(CORRECT.format(p="?"), (offset, device, boot, mono))
             conn.executemany("INSERT OR IGNORE INTO declared_gaps VALUES (?, ?, ?, ?, ?)", gaps or [])
             conn.executemany("INSERT INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?)", quarantine or [])
             conn.executemany("INSERT INTO replay_ranges VALUES (?, ?, ?, ?, ?, ?)", replays or [])
@@ -259,6 +333,9 @@ class SqliteDatabase:
     def device_stats(self) -> dict[str, dict[str, Any]]:
         return _stats_dict(self.conn.execute("SELECT device, body FROM device_stats").fetchall())
 
+    def clocks(self) -> dict[str, dict[str, int]]:
+        return _clock_dict(self.conn.execute(CLOCKS).fetchall())
+
     def count(self) -> int:
         return int(self.conn.execute("SELECT COUNT(*) FROM results").fetchone()[0])
 
@@ -273,12 +350,15 @@ class PostgresDatabase:
     # twice the rows/s of INSERT ... SELECT FROM unnest(arrays), whose array quoting runs in Python)
     INCOMING = (
         "CREATE TEMPORARY TABLE IF NOT EXISTS incoming (device TEXT, pipeline TEXT, seq BIGINT, "
-        "ts DOUBLE PRECISION, body TEXT) ON COMMIT DELETE ROWS"
+        "ts DOUBLE PRECISION, body TEXT, ts_original DOUBLE PRECISION, clock TEXT, clock_boot TEXT, "
+        "clock_mono DOUBLE PRECISION) ON COMMIT DELETE ROWS"
     )
     INSERT = (
-        "INSERT INTO results (device, pipeline, seq, ts, body) "
-        "SELECT device, pipeline, seq, ts, body::jsonb FROM incoming ON CONFLICT DO NOTHING"
+        "INSERT INTO results (device, pipeline, seq, ts, body, ts_original, clock, clock_boot, clock_mono) "
+        "SELECT device, pipeline, seq, ts, body::jsonb, ts_original, clock, clock_boot, clock_mono FROM incoming "
+        "ON CONFLICT DO NOTHING"
     )
+    INSERT_CORRECTION = "INSERT INTO clock_corrections VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
     INSERT_GAP = "INSERT INTO declared_gaps VALUES (%s, %s, %s, %s, %s::jsonb) ON CONFLICT DO NOTHING"
     INSERT_QUARANTINE = "INSERT INTO quarantine VALUES (%s, %s, %s, %s, %s, %s, %s)"
     INSERT_REPLAY = "INSERT INTO replay_ranges VALUES (%s, %s, %s, %s, %s, %s)"
@@ -304,6 +384,10 @@ class PostgresDatabase:
             with self.conn.transaction():
                 for statement in SCHEMA:
                     self.conn.execute(statement.format(json="JSONB", blob="BYTEA"))
+                for column, kind in CLOCK_COLUMNS:  # a database from before the clock columns gets them
+                    self.conn.execute(f"ALTER TABLE results ADD COLUMN IF NOT EXISTS {column} {kind}")
+                for statement in INDEXES:
+                    self.conn.execute(statement)
                 self.conn.execute(self.INCOMING)
         except psycopg.Error as exc:
             self.conn = None
@@ -316,6 +400,8 @@ class PostgresDatabase:
         gaps: list[GapRow] | None = None,
         quarantine: list[QuarantineRow] | None = None,
         replays: list[ReplayRow] | None = None,
+        *,
+        corrections: list[CorrectionRow] | None = None,
     ) -> int:
         psycopg = self._psycopg
         try:
@@ -337,6 +423,7 @@ class PostgresDatabase:
                     self.conn.execute(self.INSERT_QUARANTINE, refused)
                 for replay in replays or []:
                     self.conn.execute(self.INSERT_REPLAY, replay)
+                self._correct(rows, corrections or [])
         except (psycopg.DataError, psycopg.IntegrityError, OverflowError, ValueError) as exc:
             # the server refused the data (a NUL in jsonb, a number out of range): the connection is fine, and
             # the same batch would be refused again; the ingest isolates the message and quarantines it
@@ -345,6 +432,14 @@ class PostgresDatabase:
             self._drop_connection()
             raise IngestError(f"PostgreSQL: {_safe(exc)}") from exc
         return int(inserted)
+
+    def _correct(self, rows: list[ResultRow], corrections: list[CorrectionRow]) -> None:
+        """Store the corrections and apply them to the rows they correct (in the open transaction)."""
+        for correction in corrections:
+            self.conn.execute(self.INSERT_CORRECTION, correction)
+        for device, boot in _touched(rows, corrections):
+            for mono, offset in self.conn.execute(CORRECTIONS_OF.format(p="%s"), (device, boot)).fetchall():
+                self.conn.execute(CORRECT.format(p="%s"), (offset, device, boot, mono))
 
     def quarantined(self) -> dict[str, dict[str, int]]:
         return _quarantine_dict(self._query(QUARANTINED))
@@ -375,6 +470,9 @@ class PostgresDatabase:
 
     def device_stats(self) -> dict[str, dict[str, Any]]:
         return _stats_dict([(d, b) for d, b in self._query("SELECT device, body FROM device_stats")])
+
+    def clocks(self) -> dict[str, dict[str, int]]:
+        return _clock_dict(self._query(CLOCKS))
 
     def count(self) -> int:
         return int(self._query("SELECT COUNT(*) FROM results")[0][0])

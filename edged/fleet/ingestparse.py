@@ -21,13 +21,15 @@ from dataclasses import dataclass
 from edged.core.errors import InputError
 from edged.core.safejson import loads
 from edged.core.streams import EVENTS, events_key
-from edged.fleet.ingestdb import GapRow, ResultRow, StatsRow
+from edged.fleet.ingestdb import CorrectionRow, GapRow, ResultRow, StatsRow
 
 MAX_MESSAGE_BYTES = 8 << 20  # a batch of results with masks fits; larger is refused (`too_large`)
 MAX_NAME = 256  # characters of a device or pipeline name
 SEQ_MAX = 2**63 - 1  # BIGINT: SQLite's and PostgreSQL's integer
 TS_MAX = 1e11  # seconds since 1970: the year 5138; beyond is not a clock
 BATCH_MAX = 10_000  # results in one array message
+BOOT_MAX = 64  # characters of a boot id (a UUID is 36)
+CORRECTIONS_MAX = 64  # corrections in one clock message (a device keeps 16)
 
 
 class RefusedError(ValueError):
@@ -113,7 +115,55 @@ def parse_results(payload: bytes, sender: Identity) -> list[ResultRow]:
         body = payload.decode("utf-8") if single else json.dumps(item, separators=(",", ":"))  # as sent
         if item.get("stream") == EVENTS:  # a pipeline's events have their own seq: keyed as the spool keys them
             pipeline = events_key(pipeline)
-        rows.append(ResultRow(device, pipeline, seq, ts, body))
+        rows.append(ResultRow(device, pipeline, seq, ts, body, *_clock(item.get("clock"))))
+    return rows
+
+
+def _boot(value: object, field: str) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= BOOT_MAX:
+        raise RefusedError("malformed", f"{field} must be a string of 1 to {BOOT_MAX} characters")
+    return value
+
+
+def _seconds(value: object, field: str, low: float = 0.0) -> float:
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not (math.isfinite(value) and low <= value < TS_MAX)
+    ):
+        raise RefusedError("out_of_range", f"{field} must be a finite number of seconds")
+    return float(value)
+
+
+def _clock(clock: object) -> tuple[float | None, str | None, str | None, float | None]:
+    """(ts_original, clock, clock_boot, clock_mono) of a result's `clock` object (core/clock.py): all None for
+    a result stamped by a synchronized clock."""
+    if clock is None:
+        return None, None, None, None
+    if not isinstance(clock, dict):
+        raise RefusedError("malformed", "clock must be an object")
+    if clock.get("synced") is not False:
+        return None, None, None, None
+    boot, mono = _boot(clock.get("boot"), "clock.boot"), _seconds(clock.get("mono"), "clock.mono")
+    if clock.get("corrected") is True:
+        return _ts(clock.get("ts_original")), "corrected", boot, mono
+    return None, "unsynced", boot, mono
+
+
+def parse_clock(payload: bytes, sender: Identity) -> list[CorrectionRow]:
+    """A device's clock message: the corrections of the times it stamped while not synchronized."""
+    data = _load(payload, "clock message")
+    corrections = data.get("corrections") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not isinstance(corrections, list) or len(corrections) > CORRECTIONS_MAX:
+        raise RefusedError("malformed", f"a clock message is a JSON object with at most {CORRECTIONS_MAX} corrections")
+    device = _name(data.get("device"), "device")
+    _same(device, sender.device, "device")
+    rows = []
+    for c in corrections:
+        if not isinstance(c, dict):
+            raise RefusedError("malformed", "a correction is an object with boot, mono and offset")
+        boot, mono = _boot(c.get("boot"), "boot"), _seconds(c.get("mono"), "mono")
+        rows.append(CorrectionRow(device, boot, mono, _seconds(c.get("offset"), "offset", -TS_MAX)))
     return rows
 
 

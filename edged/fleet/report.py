@@ -83,6 +83,7 @@ def build_report(db: Database) -> dict[str, Any]:
     stats = db.device_stats()
     quarantined = db.quarantined()
     replays = db.replays()
+    clocks = db.clocks()
     devices: dict[str, dict[str, Any]] = {}
     for stream in db.streams():
         entry = devices.setdefault(stream.device, {"device": stream.device, "pipelines": []})
@@ -99,7 +100,8 @@ def build_report(db: Database) -> dict[str, Any]:
         replayed = replays.get(device, {})
         entry |= {"missing": missing, "uncertain": uncertain, "unexplained": unexplained, **accounting,
                   "quarantined": quarantined.get(device, {}), "recovered": replayed.get("recovered", 0),
-                  "gone": replayed.get("gone", 0)}  # fmt: skip
+                  "gone": replayed.get("gone", 0),
+                  "clock": clocks.get(device, {"unsynced": 0, "corrected": 0})}  # fmt: skip
         total_unexplained += unexplained
     rows = sum(p["results"] for e in devices.values() for p in e["pipelines"])
     recovered = sum(e["recovered"] for e in devices.values())
@@ -145,6 +147,10 @@ def render_report(report: dict[str, Any], console: Console) -> None:
     console.print(f"{report['results']} results in {report['database']}")
     for entry in report["devices"]:
         console.print(Text.assemble((entry["device"], "bold"), f": {_why(entry)}"))
+        clock = entry.get("clock") or {}
+        if clock.get("unsynced") or clock.get("corrected"):
+            console.print(f"  clock not synchronized at capture: {clock.get('corrected', 0)} result(s) corrected, "
+                          f"{clock.get('unsynced', 0)} waiting for a correction (ts as stamped)")  # fmt: skip
         if entry["quarantined"]:
             refused = ", ".join(f"{n} {reason}" for reason, n in sorted(entry["quarantined"].items()))
             console.print(f"  quarantined messages on its topics: {refused}")

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from edged import __version__
 from edged.config import Config
 from edged.control.controller import Controller
+from edged.core.clock import ClockWatch
 from edged.core.histogram import Histogram
 from edged.core.stats import MqttStats
 from edged.core.threads import Supervised
@@ -52,6 +53,8 @@ class Parts(Protocol):
     def replay(self) -> ReplayRequests | None: ...
     @property
     def metrics(self) -> Sequence[MetricsServer | TextfileWriter]: ...
+    @property
+    def clock(self) -> ClockWatch: ...
 
 
 class Report:
@@ -112,6 +115,7 @@ class Report:
             "mqtt": d.mqtt_stats.snapshot() | {"replay": d.replay.snapshot() if d.replay is not None else None},
             "reload": d.reloader.status(),
             "control": d.controller.snapshot() if d.controller is not None else None,
+            "clock": d.clock.describe(),
         }
 
     def status_line(self) -> str:
@@ -123,4 +127,5 @@ class Report:
         if not d.config.mqtt.enabled:
             broker = "disabled"
         capacity = d.spool.capacity_text() if d.spool is not None else "unknown"
-        return f"{self.health()}: {fps} spool={depth} capacity={capacity.replace(' ', '')} mqtt={broker}"
+        clock = "synchronized" if d.clock.synced else "unsynchronized"
+        return f"{self.health()}: {fps} spool={depth} capacity={capacity.replace(' ', '')} mqtt={broker} clock={clock}"

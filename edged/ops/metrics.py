@@ -132,6 +132,22 @@ def _spool(spool: dict[str, Any]) -> Iterator[Metric]:
         )
 
 
+def _clock(clock: dict[str, Any]) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        "edged_clock_synchronized",
+        "1 while a time service says the wall clock is synchronized (results stamped otherwise are flagged).",
+        value=1.0 if clock.get("state") == "synchronized" else 0.0,
+    )
+    yield CounterMetricFamily(
+        "edged_clock_steps_total", "Steps of the wall clock seen.", value=float(clock.get("steps", 0))
+    )
+    yield CounterMetricFamily(
+        "edged_clock_unsynchronized_results_total",
+        "Frames stamped while the clock was not synchronized (their results carry what corrects them).",
+        value=float(clock.get("flagged", 0)),
+    )
+
+
 def _uplink(snapshot: dict[str, Any]) -> Iterator[Metric]:
     mqtt = snapshot.get("mqtt") or {}
     yield GaugeMetricFamily(
@@ -179,6 +195,7 @@ class EdgedCollector(Collector):
         yield from _pipelines(snap)
         yield from _spool(snap.get("spool") or {})
         yield from _uplink(snap)
+        yield from _clock(snap.get("clock") or {})
         hists = self.histograms()
         stages = ((p, s, h) for p, by in sorted(hists.items()) for s, h in sorted(by.items()) if s != "e2e")
         yield _histogram(

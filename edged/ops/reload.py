@@ -4,7 +4,7 @@ A reload re-reads the config file. An invalid file is rejected with the same mes
 and the running config stays. Otherwise each pipeline's runner applies its part (edged/pipeline/runner.py:
 a changed model, preprocessing or postprocessing is swapped in, built and warmed up beside the old one and
 switched between two frames; a changed source is restarted; publish and snapshot settings are taken by
-the next frame); what cannot change live (MQTT, spool, status, device_id, new or removed pipelines,
+the next frame); what cannot change live (MQTT, spool, clock, status, device_id, new or removed pipelines,
 threads) is named in the log and in the status as needing a restart. Every change gets a note.
 
 The model files are also watched: when one changes (and has stopped changing for one poll, so a copy in
@@ -29,7 +29,7 @@ from edged.pipeline.runner import PipelineRunner
 log = logging.getLogger(__name__)
 
 MODEL_POLL_S = 5.0
-RESTART_KEYS = ("device_id", "state_dir", "mqtt", "spool", "status", "control", "metrics", "homeassistant")
+RESTART_KEYS = ("device_id", "state_dir", "mqtt", "spool", "clock", "status", "control", "metrics", "homeassistant")
 
 
 class Reloadable(Protocol):

@@ -144,6 +144,25 @@ def _mqtt(mqtt: dict[str, Any]) -> list[Any]:
     return lines
 
 
+def _clock(clock: dict[str, Any]) -> list[Any]:
+    if not clock:
+        return []
+    synced = clock.get("state") == "synchronized"
+    step = clock.get("last_step") or {}
+    steps = f"  steps {clock.get('steps')} (last {step.get('by_s', 0):+.1f} s)" if clock.get("steps") else ""
+    lines = [
+        _line(
+            "clock  ",
+            (str(clock.get("state", "?")), "green" if synced else "yellow"),
+            f" for {duration(clock.get('since_s') or 0)} ({clock.get('detail', '')}){steps}",
+        )
+    ]
+    if not synced:
+        lines.append(_line(f"       {clock.get('flagged', 0)} frames stamped so: their results say so, and are "
+                           "corrected once it is synchronized"))  # fmt: skip
+    return lines
+
+
 def build_view(snapshot: dict[str, Any]) -> Group:
     """Everything `edged status` shows, as one rich renderable; a status of a shape this version cannot show
     (another program on the socket, a newer daemon) is said so in one line, never a traceback."""
@@ -171,6 +190,7 @@ def _view(snapshot: dict[str, Any]) -> Group:
     lines: list[Any] = [head]
     lines += [_line((str(reason), style)) for reason in snapshot.get("reasons") or []]
     lines += [*_pipelines(snapshot), *_spool(snapshot.get("spool", {})), *_mqtt(snapshot.get("mqtt", {}))]
+    lines += _clock(snapshot.get("clock") or {})
     reload = snapshot.get("reload") or {}
     if reload.get("result"):
         lines.append(_line(f"reload {reload['result']} {_age(reload.get('last'))}"))

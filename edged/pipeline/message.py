@@ -39,6 +39,7 @@ def event_message(  # noqa: PLR0917  (the message's parts)
         "frame": frame.index,
         "model": {"name": model.name, "sha256": model.sha256},
         "event": event,
+        **({} if frame.clock is None else {"clock": frame.clock.shifted(event["ts"] - frame.ts).fields()}),
     }
 
 
@@ -66,7 +67,8 @@ def result_message(  # noqa: PLR0917  (the message's parts)
     timings: Timings,
     result: dict[str, Any],
 ) -> dict[str, Any]:
-    """`{"v", "device", "pipeline", "seq", "ts", "frame", "model", "provider", "latency_ms", "result"}`."""
+    """`{"v", "device", "pipeline", "seq", "ts", "frame", "model", "provider", "latency_ms", "result"}`, and
+    `"clock": {"synced": false, "boot", "mono"}` when the wall clock was not trusted at capture (core/clock.py)."""
     return {
         "v": MESSAGE_VERSION,
         "device": device_id,
@@ -83,4 +85,5 @@ def result_message(  # noqa: PLR0917  (the message's parts)
             **({} if timings.secondary_ms is None else {"secondary": round(timings.secondary_ms, 3)}),
         },
         "result": result,
+        **({} if frame.clock is None else {"clock": frame.clock.fields()}),
     }

@@ -17,6 +17,7 @@ from edged.capture.base import FrameSlot, Source, make_source
 from edged.capture.motion import MotionGate
 from edged.capture.rtsp import redact_uri
 from edged.capture.sensor import SensorSourceConfig
+from edged.core.clock import ClockWatch
 from edged.core.errors import EdgedError
 from edged.core.stats import PipelineStats
 from edged.pipeline.model import Model, ModelRef, Notice, describe_model, load_pipeline_model
@@ -58,6 +59,7 @@ class PipelineRunner:
         on_worker_exit: Callable[[], object] | None = None,
         source_kwargs: dict[str, Any] | None = None,
         notify: Notice | None = None,
+        clock: ClockWatch | None = None,
     ) -> None:
         self.cfg = cfg
         self.notify = notify  # systemd's STATUS= while a TensorRT engine builds (the daemon hands it in)
@@ -69,7 +71,7 @@ class PipelineRunner:
         self.on_worker_exit = on_worker_exit  # the daemon sleeps until a worker ends
         self.source_kwargs = source_kwargs or {}  # extra arguments for the source (tests: a fake capture)
         self.stats = PipelineStats(cfg.name, redact_uri(str(cfg.source.uri)))
-        self.slot = FrameSlot()
+        self.slot = FrameSlot(clock.stamp if clock is not None else None)  # frames stamped while time is untrusted
         self.source: Source | None = None
         self.workers: list[InferenceWorker] = []
         self.ref: ModelRef | None = None

@@ -38,7 +38,7 @@ from edged.uplink.mqttclient import (
     new_client,
     topic_for,
 )
-from edged.uplink.pump import ResultPump
+from edged.uplink.pump import Correct, ResultPump
 from edged.uplink.reconnect import Reconnect, next_protocol
 from edged.uplink.session import Hook, Session
 from edged.uplink.settings import MqttConfig
@@ -66,7 +66,14 @@ class Publisher(Supervised):
     """Publishes spooled rows with a bounded number in flight; reconnects with backoff and jitter."""
 
     def __init__(
-        self, cfg: MqttConfig, device_id: str, spool: Spool, stats: MqttStats, *, on_death: DeathHook | None = None
+        self,
+        cfg: MqttConfig,
+        device_id: str,
+        spool: Spool,
+        stats: MqttStats,
+        *,
+        on_death: DeathHook | None = None,
+        correct: Correct | None = None,
     ) -> None:
         super().__init__("edged-mqtt", on_death=on_death)
         self.cfg = cfg
@@ -83,7 +90,7 @@ class Publisher(Supervised):
         self._halt = threading.Event()
         self._wake = threading.Event()  # set by paho's thread (acks, connect, disconnect) and the spool
         self._drain_deadline: float | None = None
-        self.pump = ResultPump(cfg, spool, stats, self._wake.set)  # the result path
+        self.pump = ResultPump(cfg, spool, stats, self._wake.set, correct)  # the result path
         self._no_retain = False  # the broker refused a retained will (0x9A): connect without retain from now on
         self.protocol = (
             cfg.protocol

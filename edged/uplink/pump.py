@@ -8,6 +8,8 @@ thread, except `window.acked` and `window.dropped`, which paho's callbacks call 
   the broker's Maximum Packet Size (a batch is split until it fits; one result that can never fit is a dead
   letter at once), at most the in-flight window unacknowledged (the smaller of `mqtt.max_inflight` and the
   broker's Receive Maximum), at most `mqtt.max_rate` messages a second.
+- On the way, a result stamped while the wall clock was not trusted gets its true time once it is
+  (`correct`, core/clock.py): the spool keeps the row as it was written.
 - Back: acknowledged rows leave the spool; a refused one is counted, and after `dead_letter_after` refusals
   set aside; refused rows are sent again after a backoff.
 """
@@ -35,12 +37,17 @@ log = logging.getLogger(__name__)
 # backlog with 128 at a time ran at 0.6x a bare paho loop, with 512 at 0.85x (benchmarks/store_forward.py)
 HANDOFF_RESULTS = 512
 
+Correct = Callable[[bytes], bytes]
+
 
 class ResultPump:
     """Spool → broker → spool, for one connection after another (see the module docstring)."""
 
-    def __init__(self, cfg: MqttConfig, spool: Spool, stats: MqttStats, wake: Callable[[], None]) -> None:
+    def __init__(
+        self, cfg: MqttConfig, spool: Spool, stats: MqttStats, wake: Callable[[], None], correct: Correct | None = None
+    ) -> None:
         self.cfg = cfg
+        self._correct = correct  # a payload on its way out, its time corrected (core/clock.py); None: as stored
         self.spool = spool
         self.stats = stats
         self._wake = wake
@@ -149,7 +156,8 @@ class ResultPump:
         for group in self._fitting(groups, ttl_offset):
             first = group[0]
             props = self._props(first.clock + ttl_offset)  # the oldest row of a group expires first
-            size = publish_size(first.topic, self._payload(group), qos, props)
+            payload = self._payload(group)
+            size = publish_size(first.topic, payload, qos, props)
             if not self.limits.fits(size):  # one result alone that the broker said it would refuse
                 self._cursor = group[-1].id
                 why = (
@@ -159,7 +167,7 @@ class ResultPump:
                 self.refuse([first.id], why, final=True)
                 continue
             try:
-                info = publish(first.topic, self._payload(group), qos=qos, properties=props)
+                info = publish(first.topic, payload, qos=qos, properties=props)
             except ValueError as exc:  # a topic paho will not send (wildcards, too long): never sendable
                 self._cursor = group[-1].id
                 self.refuse([r.id for r in group], f"cannot publish to {first.topic!r}: {exc}", final=True)
@@ -202,9 +210,10 @@ class ResultPump:
         return groups
 
     def _payload(self, group: list[Row]) -> bytes:
+        fix = self._correct
         if self.cfg.batch == 1:
-            return group[0].payload
-        return b"[" + b",".join(r.payload for r in group) + b"]"
+            return group[0].payload if fix is None else fix(group[0].payload)
+        return b"[" + b",".join(r.payload if fix is None else fix(r.payload) for r in group) + b"]"
 
     # -- back ------------------------------------------------------------------------------------------
 

@@ -113,6 +113,11 @@ class MqttConfig(Strict):
         description="Replay requests come on <this>/request and are answered on <this>/answer (docs/mqtt.md: a "
         "consumer asks for results a broker lost after acknowledging them); empty: no replay.",
     )
+    clock_topic: str = Field(
+        "edged/{device_id}/clock",
+        description="Retained: the clock's state and the corrections for times stamped while it was not "
+        'synchronized (docs/mqtt.md, "Time"); empty: not published.',
+    )
     message_expiry: bool = Field(True, description="MQTT 5: messages expire when their spool TTL would.")
 
     @field_validator("topic", "events_topic", "gaps_topic", "availability_topic", "stats_topic")
@@ -120,7 +125,7 @@ class MqttConfig(Strict):
     def _publishable_topic(cls, value: str) -> str:
         return check_topic_template(value)
 
-    @field_validator("replay_topic")
+    @field_validator("replay_topic", "clock_topic")
     @classmethod
     def _replay_topic(cls, value: str) -> str:
         return check_topic_template(value) if value else value
