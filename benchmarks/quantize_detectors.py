@@ -140,9 +140,21 @@ def measured(name: str, work: Path) -> dict[str, Any]:
     return row
 
 
+def cpu() -> str:
+    """This machine's CPU and whether it has int8 dot-product instructions (what int8 pays off with)."""
+    info = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace") if Path("/proc/cpuinfo").exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                 if line.lower().startswith(("model name", "hardware", "cpu model"))), "unknown CPU")  # fmt: skip
+    flags = set(info.replace(":", " ").split())
+    dot = sorted(flags & {"avx512_vnni", "avx_vnni", "amx_int8", "asimddp"})
+    return f"{name}, {os.cpu_count()} CPUs, int8 dot-product instructions: {', '.join(dot) if dot else 'none'}"
+
+
 def render(rows: list[dict[str, Any]]) -> str:
     """The README's table."""
     lines = [
+        f"On {cpu()}:",
+        "",
         "| model | task judge | chosen | search speed-up | agreement | edged bench | time | peak RSS |",
         "| --- | --- | --- | ---: | --- | ---: | ---: | ---: |",
     ]

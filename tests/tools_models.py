@@ -147,3 +147,46 @@ def _finish(model: onnx.ModelProto, path: Path, props: dict[str, str]) -> None:
     helper.set_model_props(model, props)
     onnx.checker.check_model(model)
     onnx.save(model, path)
+
+
+def make_yolo_model(path: Path, *, seed: int = 0, opset: int = 17, size: int = 32, classes: int = 3) -> Path:
+    """A YOLO-style detector export with random weights: a small backbone, a box branch decoded to input pixels
+    (Sigmoid x size) and a class branch (Sigmoid), joined by one Concat into `[1, 4 + classes, N]`, the layout
+    of a YOLOv8 export. That Concat mixes ranges (0..size beside 0..1): with one int8 scale the scores round
+    to a few steps, so every all-int8 recipe changes which boxes pass the threshold."""
+    rng = np.random.default_rng(seed)
+    cells = (size // 4) ** 2
+    x = helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, size, size])
+    y = helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, 4 + classes, cells])
+    nodes = [
+        helper.make_node("Conv", ["images", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "W2", "B2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("Conv", ["r2", "WB", "BB"], ["box_logits"]),
+        helper.make_node("Sigmoid", ["box_logits"], ["box_unit"]),
+        helper.make_node("Mul", ["box_unit", "stride"], ["boxes"]),
+        helper.make_node("Conv", ["r2", "WC", "BC"], ["cls_logits"]),
+        helper.make_node("Sigmoid", ["cls_logits"], ["scores"]),
+        helper.make_node("Concat", ["boxes", "scores"], ["head"], axis=1),
+        helper.make_node("Reshape", ["head", "shape"], ["output0"]),
+    ]
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), "W1"),
+        numpy_helper.from_array(np.zeros(8, np.float32), "B1"),
+        numpy_helper.from_array(rng.normal(0, 0.3, (8, 8, 3, 3)).astype(np.float32), "W2"),
+        numpy_helper.from_array(np.zeros(8, np.float32), "B2"),
+        numpy_helper.from_array(rng.normal(0, 0.5, (4, 8, 1, 1)).astype(np.float32), "WB"),
+        numpy_helper.from_array(np.zeros(4, np.float32), "BB"),
+        numpy_helper.from_array(rng.normal(0, 1.0, (classes, 8, 1, 1)).astype(np.float32), "WC"),
+        numpy_helper.from_array(np.full(classes, -1.0, np.float32), "BC"),
+        numpy_helper.from_array(np.array(float(size), np.float32), "stride"),
+        numpy_helper.from_array(np.array([1, 4 + classes, cells], np.int64), "shape"),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "yolo", [x], [y], initializer=inits), opset_imports=[helper.make_opsetid("", opset)]
+    )
+    model.ir_version = 7
+    spec = PreprocessSpec(size=(size, size), color="rgb", scale=1 / 255)
+    _finish(model, path, {"edged.preprocess": spec.to_metadata()})
+    return path

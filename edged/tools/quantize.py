@@ -30,7 +30,7 @@ from edged.model.postprocess import LABELS_KEY
 from edged.model.preprocess import METADATA_KEY, Preprocessor
 from edged.model.session import file_sha256, is_quantized
 from edged.model.settings import PreprocessConfig
-from edged.tools import CALIBRATION_METHODS, QUANT_TYPES, recipes, sensitivity
+from edged.tools import CALIBRATION_METHODS, QUANT_TYPES, mixed, recipes, sensitivity
 from edged.tools.calibration import RangeCache, cache_supported
 from edged.tools.common import human_bytes, require_onnx, resolve_preprocessor, stdout_console
 from edged.tools.frames import Tensor, describe, holds_tensors, load_inputs
@@ -65,10 +65,11 @@ class QuantizeOptions:
     progress: bool = True
     op_types: tuple[str, ...] | None = None  # quantize only these op types (None: every one)
     exclude_nodes: tuple[str, ...] = ()  # nodes left in float, by name
-    search: bool = True  # try the target's candidate recipes and keep the fastest that passes (else: as given)
+    search: bool = True  # try the target's candidate recipes, keep what `choose` picks (else: as given)
     recipe: str | None = None  # a recipe by name: no search
     target: str = "auto"  # cpu | tensorrt | auto (what this machine's providers say)
     accept_slower: bool = False  # write the best int8 model even when fp32 is faster here
+    search_s: float = 540.0  # the search starts no new mixed-precision step after this (10 min with the rest)
     labels: list[str] | None = None  # written as the model's edged.labels metadata
     postprocess: Any = None  # the pipeline's postprocess section (--config): candidates are judged by its decode
     gates: Thresholds = GATES  # what a candidate must keep (validate's gates; the CLI sets them)
@@ -243,6 +244,7 @@ class _Trial:
     task: str
     detector: Any = None
     failed: list[dict[str, Any]] = field(default_factory=list)  # table rows of recipes ORT could not apply
+    stopped: bool = False  # the mixed-precision search met its time limit
     ranges: RangeCache | None = None  # the calibration ranges, computed once per method for every recipe
 
     @classmethod
@@ -301,7 +303,8 @@ def _search(  # noqa: PLR0917  (the prepared model and its surroundings)
     size: tuple[int, int],
 ) -> tuple[QuantizeOptions, Path, dict[str, Any]]:
     """Quantize with every candidate recipe, judge each on held-out frames and time it beside fp32; when the
-    fastest fails the gates, try it again with its noisiest tensors in float. Return the fastest that passes.
+    fastest fails the gates, try it again with more and more nodes in float (mixed.py). Return the one that
+    `choose` picks: the fastest that passes, or one within 10% of it and more accurate.
     Int8SlowerError when every passing one is slower than fp32 here (unless `accept_slower`); ToolError when
     none passes."""
     started = time.monotonic()
@@ -317,8 +320,8 @@ def _search(  # noqa: PLR0917  (the prepared model and its surroundings)
         times = recipes.time_models([src] + [path for _, path, _ in tried], name, trial.held[0], tick)
     fp32_ms = times[0]
     table = [_row(r, verdict, ms, fp32_ms) for (r, _, verdict), ms in zip(tried, times[1:], strict=True)]
-    _try_noisiest_in_float(src, trial, tried, table, fp32_ms)
-    passing = [i for i, row in enumerate(table) if row["passed"]]
+    _mixed_search(src, trial, tried, table, fp32_ms, started + opts.search_s)
+    best = choose(table, fp32_ms)
     search = {
         "target": target,
         "task": trial.task,
@@ -329,15 +332,15 @@ def _search(  # noqa: PLR0917  (the prepared model and its surroundings)
         "held_out_frames": len(trial.held),
         "held_out_shared": trial.held is trial.calib,  # too few frames to hold any out: judged on the calibration
         "seconds": round(time.monotonic() - started, 1),
+        "stopped_at_limit": trial.stopped,  # the mixed-precision search ran out of time (search_s)
         "table": table + trial.failed,
     }
-    if not passing:
+    if best is None:
         raise NoRecipePassedError(
             "no int8 recipe kept the fp32 model's answers on the held-out frames: "
             + "; ".join(f"{row['recipe']}: {row['why']}" for row in table),
             search,
         )
-    best = min(passing, key=lambda i: table[i]["int8_ms"])
     search |= {"chosen": table[best]["recipe"], "int8_ms": table[best]["int8_ms"], "speedup": table[best]["speedup"]}
     if table[best]["int8_ms"] * MIN_SPEEDUP > fp32_ms and not opts.accept_slower:
         raise Int8SlowerError(
@@ -351,32 +354,71 @@ def _search(  # noqa: PLR0917  (the prepared model and its surroundings)
     return with_recipe(opts, chosen), path, search
 
 
-def _try_noisiest_in_float(
+def _mixed_search(  # noqa: PLR0917  (the search's state)
     src: Path,
     trial: _Trial,
     tried: list[tuple[recipes.Recipe, Path, dict[str, Any]]],
     table: list[dict[str, Any]],
     fp32_ms: float,
+    deadline: float,
 ) -> None:
-    """When the fastest candidate fails the gates and is faster than fp32 (or no candidate passes), find where
-    its error comes in (fp32 vs int8 intermediate outputs), quantize it again with those stretches in float,
-    judge and time that too; appended to `tried` and `table`."""
+    """When the fastest candidate fails the gates (and is faster than fp32, or no candidate passes), quantize it
+    again with more and more nodes in float (mixed.py: the head's trouble spots by structure, then where its
+    error comes in, measured), judging and timing each, until one passes or `deadline` (monotonic) comes;
+    appended to `tried` and `table`."""
     fastest = min(range(len(table)), key=lambda i: table[i]["int8_ms"])
     if table[fastest]["passed"]:
         return
     if table[fastest]["int8_ms"] * MIN_SPEEDUP > fp32_ms and any(row["passed"] for row in table):
         return  # nothing it becomes can beat fp32, and a passing candidate exists
     base, path, _ = tried[fastest]
-    errors = sensitivity.tensor_errors(trial.prepared, path, trial.name, trial.calib, trial.tmp)
-    if not errors:
-        return
-    derived = trial.run(base.keeping_in_float(sensitivity.nodes_to_float(trial.prepared, errors)))
-    if derived is None:
-        return
-    with progress_bar("timing fp32 and int8", recipes.ROUNDS * 2, enabled=trial.opts.progress) as tick:
-        again = recipes.time_models([src, derived[1]], trial.name, trial.held[0], tick)
-    tried.append(derived)  # its time, in this run's fp32 terms: the ratio is what the two runs share
-    table.append(_row(derived[0], derived[2], fp32_ms * again[1] / again[0], fp32_ms))
+    graph = require_onnx().load(str(trial.prepared)).graph
+    structural = mixed.structural_groups(graph)
+    try:
+        measured = mixed.sensitivity_groups(
+            graph, sensitivity.tensor_errors(trial.prepared, path, trial.name, trial.calib, trial.tmp)
+        )
+    except ToolError as exc:  # the intermediate outputs could not be compared: the structure alone
+        log.info("sensitivity not measured: %s", exc)
+        measured = []
+    reasons = {n: g.why for g in [*reversed(measured), *reversed(structural)] for n in g.nodes}
+    for nodes in mixed.steps(structural, measured, len(graph.node)):
+        if time.monotonic() >= deadline:
+            log.info("the mixed-precision search stopped at its time limit")
+            trial.stopped = True
+            break
+        derived = trial.run(base.keeping_in_float(nodes))
+        if derived is None:
+            continue
+        with progress_bar("timing fp32 and int8", recipes.ROUNDS * 2, enabled=trial.opts.progress) as tick:
+            again = recipes.time_models([src, derived[1]], trial.name, trial.held[0], tick)
+        tried.append(derived)  # its time, in this run's fp32 terms: the ratio is what the two runs share
+        row = _row(derived[0], derived[2], fp32_ms * again[1] / again[0], fp32_ms)
+        row["float_for"] = sorted({reasons[n] for n in nodes if n in reasons})
+        table.append(row)
+        if row["passed"]:
+            return
+
+
+ACCURATE_WITHIN = 1.10  # a passing recipe at most this much slower than the fastest one, but more accurate, wins
+
+
+def choose(table: list[dict[str, Any]], fp32_ms: float) -> int | None:
+    """The row to write: of the passing ones, the most accurate among those within ACCURATE_WITHIN of the
+    fastest (what an operator would pick: 9% of speed is not worth a tenth of the detections) and still faster
+    than fp32 when the fastest is, then the faster; None when none passes."""
+    passing = [i for i, row in enumerate(table) if row["passed"]]
+    if not passing:
+        return None
+    fastest = min(table[i]["int8_ms"] for i in passing)
+    pays = fastest * MIN_SPEEDUP <= fp32_ms
+    near = [
+        i
+        for i in passing
+        if table[i]["int8_ms"] <= fastest * ACCURATE_WITHIN
+        and (not pays or table[i]["int8_ms"] * MIN_SPEEDUP <= fp32_ms)
+    ]
+    return max(near, key=lambda i: (table[i]["agreement"]["value"], -table[i]["int8_ms"]))
 
 
 def _failed_row(r: recipes.Recipe, why: str) -> dict[str, Any]:
@@ -688,6 +730,10 @@ def render_search(search: dict[str, Any]) -> None:
     for row in search["table"]:
         if not row["passed"]:
             stdout_console().print(f"  {row['recipe']}: {row['why']}", markup=False, highlight=False)
+        for why in row.get("float_for") or []:  # a mixed-precision step: what its float nodes are for
+            stdout_console().print(f"  {row['recipe']} keeps in float: {why}", markup=False, highlight=False)
+    if search.get("stopped_at_limit"):
+        stdout_console().print("  the mixed-precision search stopped at its time limit", markup=False)
 
 
 def render_quantize(report: dict[str, Any]) -> None:

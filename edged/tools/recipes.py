@@ -51,11 +51,11 @@ class Recipe:
         return f"activations {acts}, weights {weights}, {self.method}, {ops}"
 
     def keeping_in_float(self, nodes: tuple[str, ...]) -> Recipe:
-        """This recipe with `nodes` left out of quantization."""
-        return replace(self, name=f"{self.name}{NOISIEST_SUFFIX}", exclude_nodes=nodes)
+        """This recipe with `nodes` left out of quantization (named `<recipe>-float-<how many>`)."""
+        return replace(self, name=f"{self.name}{FLOAT_SUFFIX}{len(nodes)}", exclude_nodes=nodes)
 
 
-NOISIEST_SUFFIX = "-float-noisiest"  # a recipe derived from another by keeping its noisiest tensors in float
+FLOAT_SUFFIX = "-float-"  # a recipe derived from another by keeping some nodes in float (mixed.py)
 
 
 RECIPES = {
@@ -103,8 +103,8 @@ def candidates(target: str) -> list[Recipe]:
 
 def recipe(name: str) -> Recipe:
     """A recipe by name (`--recipe`)."""
-    if name.endswith(NOISIEST_SUFFIX) and name.removesuffix(NOISIEST_SUFFIX) in RECIPES:
-        base = name.removesuffix(NOISIEST_SUFFIX)
+    base, _, count = name.rpartition(FLOAT_SUFFIX)
+    if base in RECIPES and (count.isdigit() or count == "noisiest"):
         raise ToolError(
             f"{name} is {base} with some nodes kept in float: give --recipe {base} --exclude-nodes with the "
             "nodes the model's edged.quantization metadata lists"
