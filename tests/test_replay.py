@@ -111,6 +111,7 @@ def _crash_and_restart(broker: Broker | OtherBroker) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(360)  # its own waits add up past the suite's 120 s: a slow broker restarts, a replay retries
 def test_a_broker_crash_loses_nothing_through_edged_ingest(
     tmp_path: Path, crashing: Broker | OtherBroker, start_daemon: StartDaemon
 ) -> None:
@@ -125,13 +126,42 @@ def test_a_broker_crash_loses_nothing_through_edged_ingest(
     opts = IngestOptions(host=crashing.host, port=crashing.port, client_id="ingest-crash", replay_after_s=1.0,
                          protocol="5" if mqtt5 else "3.1.1", group="" if isinstance(crashing, OtherBroker) else "g",
                          username=username, password_file=secret)  # fmt: skip
-    ingest = Ingest(opts, open_database(url))
+    ingests = [Ingest(opts, open_database(url))]
+    try:
+        got = _crash_through_ingest(tmp_path, crashing, start_daemon, ingests, url)
+    finally:  # a failure must not leave the ingest's threads to the next tests
+        for ingest in ingests:
+            ingest.stop()
+            ingest.db.close()
+    entry = _report(url, got.pop("device"))
+    assert entry["unexplained"] == 0
+    assert entry["gone"] == 0
+    assert entry["pipelines"][0]["first_seq"] == 1
+    assert got["requests"] >= 1  # this ingest asked (its own count of what then came: the report's is the record)
+    assert got["recovered"] >= 1
+
+
+def _report(url: str, device: str) -> dict[str, Any]:
+    db = open_database(url)
+    try:
+        return next(d for d in build_report(db)["devices"] if d["device"] == device)
+    finally:
+        db.close()
+
+
+def _crash_through_ingest(
+    tmp_path: Path, crashing: Broker | OtherBroker, start_daemon: StartDaemon, ingests: list[Ingest], url: str
+) -> dict[str, Any]:
+    """Results through the ingest, the ingest away, the broker killed with what it queued, the ingest back:
+    the ingest's replay counts, and the device's id."""
+    ingest = ingests[0]
+    opts = ingest.opts
     ingest.start()
     model, video = make_tiny_model(tmp_path / "tiny.onnx"), make_video(tmp_path / "v.mp4", 30)
     cfg: dict[str, Any] = base_config(tmp_path, model, str(video), fps=30, loop=True, stop_at_end=False)
     cfg["mqtt"] |= {"enabled": True, "port": crashing.port}
-    if username:
-        cfg["mqtt"] |= {"username": username, "password_file": str(secret)}
+    if opts.username:
+        cfg["mqtt"] |= {"username": opts.username, "password_file": str(opts.password_file)}
     device = cfg["device_id"]
     daemon = start_daemon(write_config(tmp_path / "edged.yaml", cfg))
     wait_for(lambda: ingest.snapshot()["inserted"] >= 20, 90, "20 rows through the ingest")
@@ -140,22 +170,14 @@ def test_a_broker_crash_loses_nothing_through_edged_ingest(
     wait_for(lambda: daemon.status()["mqtt"]["published"] >= published + 100, 60, "100 more acknowledged")  # type: ignore[index]
     _crash_and_restart(crashing)
     ingest = Ingest(opts, open_database(url))
+    ingests.append(ingest)
     ingest.start(timeout=60)
 
-    def report() -> dict[str, Any]:
-        db = open_database(url)
-        try:
-            return next(d for d in build_report(db)["devices"] if d["device"] == device)
-        finally:
-            db.close()
+    def recovered() -> bool:
+        entry = _report(url, device)
+        return bool(entry["missing"] == 0 and entry["recovered"] >= 100)
 
-    wait_for(lambda: (r := report())["missing"] == 0 and r["recovered"] >= 100, 120, "every seq, recovered by replay")
-    got = ingest.snapshot()["replay"]
-    ingest.stop()
+    wait_for(recovered, 180, "every seq, recovered by replay")
+    got: dict[str, Any] = ingest.snapshot()["replay"]
     daemon.stop(signal.SIGTERM)
-    entry = report()
-    assert entry["unexplained"] == 0
-    assert entry["gone"] == 0
-    assert entry["pipelines"][0]["first_seq"] == 1
-    assert got["requests"] >= 1  # this ingest asked (its own count of what then came: the report's is the record)
-    assert got["recovered"] >= 1
+    return got | {"device": device}
