@@ -463,3 +463,27 @@ def test_a_database_from_before_the_clock_columns_gets_them_and_keeps_its_rows(t
     finally:
         db.close()
     assert _rows(str(path), "a") == {1: (5.0, None, None), 2: (101.0, 6.0, "corrected")}
+
+
+def test_a_broker_that_refuses_only_the_clock_topic_still_gets_an_ingest_that_says_what_it_misses(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator's broker ACL written before the clock topic (docs/security.md) on a broker that refuses what
+    it would not deliver: the SUBACK refuses that one filter. The ingest goes on with the rest, and says which
+    topic it lacks and what that costs; a refused results filter still stops it."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    ingest = Ingest(IngestOptions(replay_topic=""), open_database(str(tmp_path / "r.db")))
+    granted, refused = ReasonCode(PacketTypes.SUBACK, "Granted QoS 1"), ReasonCode(PacketTypes.SUBACK, "Not authorized")
+    try:
+        with caplog.at_level("WARNING", logger="edged.fleet.ingest"):
+            ingest._on_subscribe(ingest.client, None, 1, [granted] * 4 + [refused], None)  # noqa: SLF001
+        assert ingest.wait_connected(0)
+        assert any("refused edged/+/clock" in r.getMessage() and "stay as stamped" in r.getMessage()
+                   for r in caplog.records)  # fmt: skip
+        ingest._connected.clear()  # noqa: SLF001
+        ingest._on_subscribe(ingest.client, None, 2, [refused] + [granted] * 4, None)  # noqa: SLF001
+        assert not ingest.wait_connected(0)
+    finally:
+        ingest.db.close()

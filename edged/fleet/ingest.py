@@ -57,6 +57,7 @@ from edged.uplink.mqttclient import BrokerAccess, make_client
 log = logging.getLogger(__name__)
 
 LOG_EVERY_S = 10.0
+REQUIRED_FILTERS = 4  # results, events, stats, gaps: a broker that refuses one of them gets no ingest at all
 DISCONNECT_WAIT_S = 5.0  # at a stop, the queued PUBACKs and the DISCONNECT are written within this
 
 
@@ -178,6 +179,12 @@ class Ingest:
             Replayer(opts.client_id, opts.replay_topic, self._ask, opts.replay_after_s) if opts.replay_topic else None
         )
         self._answers = opts.replay_topic.replace("{device_id}", "+") + "/answer" if opts.replay_topic else ""
+        # the filters past REQUIRED_FILTERS, in the order subscribed: (filter, what is lost when refused)
+        self._optional = [(opts.clock_topic, "times a device stamped while its clock was not synchronized stay as "
+                           "stamped; let the ingest read it (docs/security.md)")]  # fmt: skip
+        if self._answers:
+            self._optional.append((self._answers, "replay answers are not read: missing seqs are asked for again "
+                                   "and again; let the ingest read them (docs/security.md)"))  # fmt: skip
 
     # -- the MQTT side ----------------------------------------------------------------------------------
 
@@ -234,14 +241,18 @@ class Ingest:
         stats = (self.opts.stats_topic, qos)
         gaps = (shared + self.opts.gaps_topic, qos)
         clock = (self.opts.clock_topic, qos)  # retained, like the stats: every ingest reads them (idempotent)
-        wanted = [results, events, stats, gaps, clock]
+        wanted = [results, events, stats, gaps, clock]  # the first REQUIRED_FILTERS are needed, the rest optional
         if self._answers:  # every ingest reads every answer (not shared): each takes those to its own requests
             wanted.append((self._answers, SubscribeOptions(qos=0) if self.opts.protocol == "5" else 0))
         client.subscribe(wanted)
         log.info("ingest: connected to %s:%d as %s", self.opts.host, self.opts.port, self.opts.client_id)
 
     def _on_subscribe(self, _c: paho.Client, _u: Any, _mid: int, reasons: list[Any], _p: Any) -> None:
-        refused = [str(r) for r in reasons if getattr(r, "is_failure", False)]
+        failed = [i for i, r in enumerate(reasons) if getattr(r, "is_failure", False)]
+        for i in (i for i in failed if i >= REQUIRED_FILTERS):  # the ingest does its job without them: it says so
+            log.warning("ingest: the broker refused %s (%s): %s", self._optional[i - REQUIRED_FILTERS][0], reasons[i],
+                        self._optional[i - REQUIRED_FILTERS][1])  # fmt: skip
+        refused = [str(reasons[i]) for i in failed if i < REQUIRED_FILTERS]
         if refused:
             self._note_error(f"the broker refused the subscriptions: {', '.join(refused)}")
             return
