@@ -78,3 +78,26 @@ def test_a_detector_is_judged_by_matched_boxes(tmp_path: Path) -> None:
     assert det["precision"] == det["recall"] == 1.0
     assert "detection recall >=" in [c["check"] for c in report["checks"]]
     assert report["passed"]
+
+
+def test_a_candidate_whose_outputs_the_decoder_refuses_fails_its_gate_and_says_why() -> None:
+    """An int8 YOLO head that mixes ranges can give scores past 1, which the daemon's decoder refuses (no silent
+    garbage): the judge counts those frames as refused, the candidate fails, and nothing raises (it used to
+    end `edged quantize` with a traceback)."""
+    from edged.tools.validate import detector_for, judge
+
+    rng = np.random.default_rng(0)
+    head = np.zeros((1, 7, 64), np.float32)
+    head[0, :2] = rng.uniform(8, 24, (2, 64))  # cx, cy
+    head[0, 2:4] = rng.uniform(4, 8, (2, 64))  # w, h
+    head[0, 4:] = rng.uniform(0, 1, (3, 64))  # class scores
+    broken = head.copy()
+    broken[0, 4, :4] = 1.3  # what one int8 scale for pixels and scores made of them
+    decode = detector_for(["output0"], [[1, 7, 64]], {}, (32, 32))
+    verdict = judge(["output0"], [[head]] * 3, [[head], [broken], [broken]],
+                    ValidateOptions(data=Path(), progress=False, task="detect"), Thresholds(), decode)  # fmt: skip
+    assert verdict["task"] == "detect"
+    assert verdict["detection"]["refused_frames"] == 2
+    assert "outside 0..1" in verdict["detection"]["refused_why"]
+    assert not verdict["passed"]
+    assert any(c["check"] == "frames the decoder refuses <=" and not c["passed"] for c in verdict["checks"])

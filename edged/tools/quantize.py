@@ -454,8 +454,15 @@ def _row(r: recipes.Recipe, verdict: dict[str, Any], ms: float, fp32_ms: float) 
         "task": verdict["task"],
         "agreement": {"check": shown["check"].removesuffix(" >="), "value": round(float(shown["value"]), 5)},
         "passed": verdict["passed"],
-        "why": "; ".join(f"{c['check']} {c['threshold']}: {c['value']:.4g}" for c in failed) or "passed",
+        "why": _why(failed, verdict),
     }
+
+
+def _why(failed: list[dict[str, Any]], verdict: dict[str, Any]) -> str:
+    """The gates a candidate missed and by how much; the first frame its decoder refused, when one was."""
+    why = "; ".join(f"{c['check']} {c['threshold']}: {c['value']:.4g}" for c in failed) or "passed"
+    refused = (verdict.get("detection") or {}).get("refused_why")
+    return f"{why} (the first refused: {refused[:160]})" if refused else why
 
 
 @contextlib.contextmanager

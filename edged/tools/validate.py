@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from edged.core.errors import EdgedError, ToolError
+from edged.core.errors import EdgedError, ModelError, ToolError
 from edged.model.preprocess import METADATA_KEY, Preprocessor
 from edged.model.session import CPU, LoadedModel
 from edged.model.settings import PreprocessConfig
@@ -211,8 +211,9 @@ def _detection(outs_a: list[list[Tensor]], outs_b: list[list[Tensor]], detector:
     matched = ref_total = cand_total = 0
     drift: list[float] = []
     point_errors: list[float] = []
+    refused: list[str] = []  # the candidate's frames the decoder refuses (the daemon would publish nothing)
     for a, b in zip(outs_a, outs_b, strict=True):
-        ref, cand = detector(a), detector(b)
+        ref, cand = detector(a), _decoded(detector, b, refused)
         ref_total, cand_total = ref_total + len(ref), cand_total + len(cand)
         free = list(range(len(ref)))
         for c in sorted(cand, key=lambda d: -float(d["score"])):
@@ -234,7 +235,19 @@ def _detection(outs_a: list[list[Tensor]], outs_b: list[list[Tensor]], detector:
         "recall": matched / ref_total if ref_total else 1.0,
         "score_drift_mean": float(np.mean(drift)) if drift else 0.0,
         "keypoint_error": float(np.mean(point_errors)) if point_errors else None,
+        "refused_frames": len(refused),
+        "refused_why": refused[0] if refused else None,
     }
+
+
+def _decoded(detector: Detector, outputs: list[Tensor], refused: list[str]) -> list[dict[str, Any]]:
+    """The candidate's detections on one frame; none when the decoder refuses its outputs (a quantized head's
+    scores past 1, boxes out of order: the daemon refuses that frame's result), noted in `refused`."""
+    try:
+        return detector(outputs)
+    except ModelError as exc:
+        refused.append(str(exc).splitlines()[0][:300])
+        return []
 
 
 def keypoint_errors(ref: dict[str, Any], cand: dict[str, Any]) -> list[float]:
@@ -422,6 +435,8 @@ def _task_checks(report: dict[str, Any], gates: Thresholds, add: Callable[[str, 
         limit = gates.min_detection_match
         add("detection precision >=", det["precision"], limit, det["precision"] >= limit)
         add("detection recall >=", det["recall"], limit, det["recall"] >= limit)
+    if det is not None and det.get("refused_frames"):  # the daemon would publish nothing for these frames
+        add("frames the decoder refuses <=", det["refused_frames"], 0, False)
     if det is not None and det.get("keypoint_error") is not None and gates.max_keypoint_error is not None:
         limit, value = gates.max_keypoint_error, det["keypoint_error"]
         add("keypoint error (share of box) <=", value, limit, value <= limit)
