@@ -363,17 +363,21 @@ def _mixed_search(  # noqa: PLR0917  (the search's state)
     deadline: float,
 ) -> None:
     """When the fastest candidate fails the gates (and is faster than fp32, or no candidate passes), quantize it
-    again with more and more nodes in float (mixed.py: the head's trouble spots by structure, then where its
-    error comes in, measured), judging and timing each, until one passes or `deadline` (monotonic) comes;
-    appended to `tried` and `table`."""
+    (when the graph has a head's trouble spots: the fastest failing recipe that quantizes every op, as only
+    such a recipe quantizes them) again with more and more nodes in float (mixed.py: the head's trouble spots
+    by structure, then where its error comes in, measured), judging and timing each, until one passes or
+    `deadline` (monotonic) comes; appended to `tried` and `table`."""
     fastest = min(range(len(table)), key=lambda i: table[i]["int8_ms"])
     if table[fastest]["passed"]:
         return
     if table[fastest]["int8_ms"] * MIN_SPEEDUP > fp32_ms and any(row["passed"] for row in table):
         return  # nothing it becomes can beat fp32, and a passing candidate exists
-    base, path, _ = tried[fastest]
     graph = require_onnx().load(str(trial.prepared)).graph
     structural = mixed.structural_groups(graph)
+    if structural:  # the head's trouble spots are quantized only by a recipe of every op: start from the fastest
+        whole = [i for i, (r, _, _) in enumerate(tried) if r.op_types is None and not table[i]["passed"]]
+        fastest = min(whole, key=lambda i: table[i]["int8_ms"], default=fastest)
+    base, path, _ = tried[fastest]
     try:
         measured = mixed.sensitivity_groups(
             graph, sensitivity.tensor_errors(trial.prepared, path, trial.name, trial.calib, trial.tmp)
