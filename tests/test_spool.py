@@ -513,3 +513,20 @@ def test_recent_growth_is_a_pure_read_of_what_was_noted() -> None:
     old = Recent(window_s=0.0, total=5)
     old.note(9)  # a window of nothing: what grew is already outside it
     assert old.growth() == 0
+
+
+def test_status_counts_acknowledged_results_on_their_way_to_the_replay_window(tmp_path: Path) -> None:
+    """Results acknowledged before their commit reach the window lazily (up to 5 s later), yet a replay request can
+    already get them: status counts them from the first moment, and once each, before and after the commit."""
+    spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=60_000))  # nothing committed unless flushed
+    spool.start()
+    add(spool, "cam0", 4)
+    spool.ack([r.id for r in spool.fetch(0, 10)])  # acknowledged straight from memory
+    before = spool.stats()["replay_window"]
+    assert before["rows"] == 4
+    assert before["bytes"] > 0
+    assert spool.flush()
+    assert spool.stats()["replay_window"] == before  # in the table now: the same rows, counted once
+    rows, _ = spool.window_rows("cam0", 1, 4, 4)
+    assert [r.seq for r in rows] == [1, 2, 3, 4]
+    spool.close()

@@ -311,7 +311,7 @@ class Spool:
                 "error": (self.check and self.check.damage) or self._write_error or self.seqs.error,
                 "space_warning": self.space.warning,
                 "seq_gaps": list(self.gap_log.entries),
-                "replay_window": self.window.snapshot(),
+                "replay_window": self.window.snapshot(due=[*box.sent_due, *self._sending_to_window]),
                 "replayed": self.replayed,
             }
         try:
@@ -464,6 +464,7 @@ class Spool:
             self._n = n
             self.outbox.committed(batch)
             self._sending_to_window = []
+            self.window.settle()
             self._writing = False
             self._commits += 1
             self._changes += 1

@@ -28,6 +28,7 @@ class ReplayWindow:
         self.window_s = cfg.replay_window
         self.max_bytes = cfg.replay_max_bytes
         self.rows, self.bytes = spooldb.sent_size(conn)
+        self._after: tuple[int, int] | None = None  # the counts once the open commit is done (`settle`)
 
     @property
     def enabled(self) -> bool:
@@ -48,15 +49,25 @@ class ReplayWindow:
         side)."""
         if not self.enabled:
             return
-        self.rows, self.bytes = self.rows + added_rows, self.bytes + added_bytes
-        over = max(0, self.bytes - self.max_bytes)
-        rows, size = spooldb.trim_sent(conn, clock - self.window_s, over)
-        self.rows, self.bytes = max(0, self.rows - rows), max(0, self.bytes - size)
+        rows, size = self.rows + added_rows, self.bytes + added_bytes
+        trimmed, freed = spooldb.trim_sent(conn, clock - self.window_s, max(0, size - self.max_bytes))
+        self._after = max(0, rows - trimmed), max(0, size - freed)
+
+    def settle(self) -> None:
+        """The commit is done: its counts become the window's, in the same step (under the spool's lock) as its
+        rows stop being counted as on their way (`snapshot`'s `due`), so status never counts them twice."""
+        if self._after is not None:
+            self.rows, self.bytes = self._after
+            self._after = None
 
     def recount(self, conn: sqlite3.Connection) -> None:
         """After a rolled-back commit: the counts from the table."""
         self.rows, self.bytes = spooldb.sent_size(conn)
+        self._after = None
 
-    def snapshot(self) -> dict[str, float | int]:
-        """The `spool.replay_window` entry of the status JSON."""
-        return {"rows": self.rows, "bytes": self.bytes, "max_bytes": self.max_bytes, "window_s": self.window_s}
+    def snapshot(self, due: list[Row] | None = None) -> dict[str, float | int]:
+        """The `spool.replay_window` entry of the status JSON: what a replay request can get, the acknowledged
+        results on their way to the window (`due`: in memory, or in the writer's open commit) counted in."""
+        due = due or []
+        rows, size = self.rows + len(due), self.bytes + sum(len(r.payload) for r in due)
+        return {"rows": rows, "bytes": size, "max_bytes": self.max_bytes, "window_s": self.window_s}
