@@ -290,3 +290,19 @@ def _all_corrected(url: str, device: str, after: float) -> bool:
 
 def _steps(stderr: str) -> int:
     return stderr.count("clock: the wall clock stepped by")
+
+
+def test_without_a_kernel_boot_id_the_stamps_name_the_process_and_the_ingest_still_reads_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel without /proc/sys/kernel/random/boot_id (this machine has one: the path is pointed elsewhere)."""
+    from edged.core import clock
+    from edged.fleet.ingestparse import Identity, parse_results
+
+    monkeypatch.setattr(clock, "BOOT_ID", tmp_path / "no-boot-id")
+    watch = ClockWatch(ClockConfig(sync="file", file=tmp_path / "flag"), tmp_path)
+    watch.check()
+    body = json.loads(_result(time.time(), watch))
+    assert body["clock"]["boot"].startswith("process-")
+    (row,) = parse_results(json.dumps({**body, "device": "d", "pipeline": "p"}).encode(), Identity("d", "p"))
+    assert row.clock == "unsynced"

@@ -34,6 +34,7 @@ import logging
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,7 +173,8 @@ class ClockWatch:
     def __init__(self, cfg: ClockConfig | None = None, state_dir: Path | None = None) -> None:
         self.cfg = cfg = cfg or ClockConfig(sync="assume")
         self.state_path = state_dir / STATE_FILE if state_dir is not None else None
-        self.boot = boot_id()
+        # the boot id; where the kernel gives none, one for this process (its stamps are corrected only by it)
+        self.boot = boot_id() or f"process-{uuid.uuid4()}"
         self._lock = threading.Lock()
         self.synced = cfg.sync == "assume"
         self.detail = "not asked yet"
