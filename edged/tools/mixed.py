@@ -143,9 +143,8 @@ def sensitivity_groups(graph: Any, errors: list[TensorError]) -> list[Group]:
     for e in errors:
         if e.added_db <= 0:
             continue
-        readers = [n.name for n in wiring.readers.get(e.tensor, [])]
-        groups.append(Group(f"{e.tensor} ({e.op_type}) loses {e.added_db:.1f} dB", tuple(sorted({*e.region,
-                                                                                            *readers}))))  # fmt: skip
+        nodes = {*e.region, *(n.name for n in wiring.readers.get(e.tensor, []))}
+        groups.append(Group(f"{e.tensor} ({e.op_type}) loses {e.added_db:.1f} dB", tuple(sorted(nodes))))
     return groups
 
 
