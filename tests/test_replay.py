@@ -178,6 +178,8 @@ def _crash_through_ingest(
         return bool(entry["missing"] == 0 and entry["recovered"] >= 100)
 
     wait_for(recovered, 180, "every seq, recovered by replay")
-    got: dict[str, Any] = ingest.snapshot()["replay"]
+    # the ingest's own count follows its database write (the report above is the record): wait for it too
+    got: dict[str, Any] = wait_for(lambda: (g := ingest.snapshot()["replay"])["recovered"] >= 1 and g, 30,
+                                   "the ingest's own count of what came back")  # fmt: skip
     daemon.stop(signal.SIGTERM)
     return got | {"device": device}
