@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO / "tests"))
 import reference_decodes as ref  # noqa: E402
 import third_party as tp  # noqa: E402
 
+from edged.tools.cpu import Cpu  # noqa: E402
 from edged.tools.quantize import describe_candidate  # noqa: E402
 
 FRAMES = 64
@@ -142,12 +143,7 @@ def measured(name: str, work: Path) -> dict[str, Any]:
 
 def cpu() -> str:
     """This machine's CPU and whether it has int8 dot-product instructions (what int8 pays off with)."""
-    info = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace") if Path("/proc/cpuinfo").exists() else ""
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
-                 if line.lower().startswith(("model name", "hardware", "cpu model"))), "unknown CPU")  # fmt: skip
-    flags = set(info.replace(":", " ").split())
-    dot = sorted(flags & {"avx512_vnni", "avx_vnni", "amx_int8", "asimddp"})
-    return f"{name}, {os.cpu_count()} CPUs, int8 dot-product instructions: {', '.join(dot) if dot else 'none'}"
+    return Cpu.read().describe()
 
 
 def render(rows: list[dict[str, Any]]) -> str:

@@ -249,6 +249,9 @@ def test_when_no_recipe_passes_the_table_says_how_fast_and_how_far_each_missed(
     assert {row["recipe"] for row in table} >= set(recipes.CANDIDATES["cpu"])
     assert all(row["int8_ms"] is not None and not row["passed"] for row in table)
     assert all("top-1 agreement >= 1.01" in row["why"] for row in table)
+    assert "the closest, " in str(err.value)  # the best found, and why nothing better was
+    assert "The mixed-precision search: " in str(err.value)
+    assert err.value.search["search_ended"]
     assert not (tmp_path / "q.onnx").exists()
 
 
@@ -296,7 +299,10 @@ def test_of_two_recipes_within_ten_percent_the_more_accurate_is_chosen() -> None
 def test_the_search_steps_keep_the_head_first_then_double_the_measured_stretches() -> None:
     head = [mixed.Group("concat", ("c", "r")), mixed.Group("sigmoid", ("c", "r", "s")), mixed.Group("same", ("c",))]
     measured = [mixed.Group(f"m{i}", (f"n{i}",)) for i in range(7)]
-    got = list(mixed.steps(head, measured, node_count=100))
+    plan = mixed.steps(head, measured, node_count=100)
+    got = plan.sets
+    assert not plan.capped
     assert got[:2] == [("c", "r"), ("c", "r", "s")]  # one structural group at a time; one that adds nothing skipped
     assert [len(s) - 3 for s in got[2:]] == [1, 3, 7]  # then 1, 2, 4 measured stretches more
-    assert len(list(mixed.steps(head, measured, node_count=10))) == 3  # at most half the graph's nodes
+    small = mixed.steps(head, measured, node_count=10)
+    assert (len(small.sets), small.capped, small.cap) == (3, True, 5)  # at most half the graph's nodes

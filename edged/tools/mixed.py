@@ -23,7 +23,6 @@ float never makes a model faster.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,10 +147,19 @@ def sensitivity_groups(graph: Any, errors: list[TensorError]) -> list[Group]:
     return groups
 
 
-def steps(structural: list[Group], measured: list[Group], node_count: int) -> Iterator[tuple[str, ...]]:
-    """The node sets to try, each a superset of the one before: the structural groups one at a time, then
-    the measured ones in batches that double; never more than MAX_SHARE of the graph's nodes after the first
-    step, and never a set that adds nothing."""
+@dataclass(frozen=True)
+class Plan:
+    """The node sets the search tries, each a superset of the one before, and whether the share cap cut it short
+    (for the refusal's "why nothing better exists")."""
+
+    sets: list[tuple[str, ...]]
+    capped: bool
+    cap: int  # nodes in float at most
+
+
+def steps(structural: list[Group], measured: list[Group], node_count: int) -> Plan:
+    """The structural groups one at a time, then the measured ones in batches that double; never more than
+    MAX_SHARE of the graph's nodes after the first step, and never a set that adds nothing."""
     cap = max(1, int(MAX_SHARE * node_count))
     chosen: set[str] = set()
     batches = [[g] for g in structural]
@@ -159,14 +167,16 @@ def steps(structural: list[Group], measured: list[Group], node_count: int) -> It
     while start < len(measured):
         batches.append(measured[start : start + size])
         start, size = start + size, size * 2
+    sets: list[tuple[str, ...]] = []
     for batch in batches:
         grown = chosen.union(*(g.nodes for g in batch))
         if grown == chosen:
             continue
         if len(grown) > cap and chosen:  # the first step goes whatever its size (a small model's stretch)
-            return
+            return Plan(sets, capped=True, cap=cap)
         chosen = grown
-        yield tuple(sorted(chosen))
+        sets.append(tuple(sorted(chosen)))
+    return Plan(sets, capped=False, cap=cap)
 
 
 def _names(nodes: list[Any]) -> tuple[str, ...]:

@@ -33,6 +33,7 @@ from edged.model.settings import PreprocessConfig
 from edged.tools import CALIBRATION_METHODS, QUANT_TYPES, mixed, recipes, sensitivity
 from edged.tools.calibration import RangeCache, cache_supported
 from edged.tools.common import human_bytes, require_onnx, resolve_preprocessor, stdout_console
+from edged.tools.cpu import Cpu
 from edged.tools.frames import Tensor, describe, holds_tensors, load_inputs
 from edged.tools.graph import input_signature, pin_input_shape, prune_opset_imports, upgrade_opset
 from edged.tools.progress import CountingReader, progress_bar
@@ -245,6 +246,7 @@ class _Trial:
     detector: Any = None
     failed: list[dict[str, Any]] = field(default_factory=list)  # table rows of recipes ORT could not apply
     stopped: bool = False  # the mixed-precision search met its time limit
+    ended: str = ""  # how the mixed-precision search ended (why nothing better exists, when nothing passed)
     ranges: RangeCache | None = None  # the calibration ranges, computed once per method for every recipe
 
     @classmethod
@@ -308,6 +310,7 @@ def _search(  # noqa: PLR0917  (the prepared model and its surroundings)
     Int8SlowerError when every passing one is slower than fp32 here (unless `accept_slower`); ToolError when
     none passes."""
     started = time.monotonic()
+    cpu = Cpu.read()
     target = recipes.resolve_target(opts.target)
     trial = _Trial.of(src, prepared, name, inputs, opts, tmp, size)
     tried = [t for r in recipes.candidates(target) if (t := trial.run(r)) is not None]
@@ -333,21 +336,19 @@ def _search(  # noqa: PLR0917  (the prepared model and its surroundings)
         "held_out_shared": trial.held is trial.calib,  # too few frames to hold any out: judged on the calibration
         "seconds": round(time.monotonic() - started, 1),
         "stopped_at_limit": trial.stopped,  # the mixed-precision search ran out of time (search_s)
+        "search_ended": trial.ended,  # how the mixed-precision search ended ("" when it was not needed)
+        "cpu": cpu.as_json(),
         "table": table + trial.failed,
     }
     if best is None:
-        raise NoRecipePassedError(
-            "no int8 recipe kept the fp32 model's answers on the held-out frames: "
-            + "; ".join(f"{row['recipe']}: {row['why']}" for row in table),
-            search,
-        )
+        raise NoRecipePassedError(_no_pass_message(table, trial.ended), search)
     search |= {"chosen": table[best]["recipe"], "int8_ms": table[best]["int8_ms"], "speedup": table[best]["speedup"]}
     if table[best]["int8_ms"] * MIN_SPEEDUP > fp32_ms and not opts.accept_slower:
         raise Int8SlowerError(
             f"int8 is slower than fp32 on this machine (or less than {MIN_SPEEDUP:.2f}x faster): the best recipe "
             "that keeps the answers, "
             f"{table[best]['recipe']}, runs in {table[best]['int8_ms']:.3f} ms vs {fp32_ms:.3f} ms for fp32 "
-            f"({table[best]['speedup']:.2f}x); nothing written (--accept-slower writes it anyway)",
+            f"({table[best]['speedup']:.2f}x); nothing written (--accept-slower writes it anyway)" + cpu.slower_hint(),
             search,
         )
     chosen, path, _ = tried[best]
@@ -386,11 +387,14 @@ def _mixed_search(  # noqa: PLR0917  (the search's state)
         log.info("sensitivity not measured: %s", exc)
         measured = []
     reasons = {n: g.why for g in [*reversed(measured), *reversed(structural)] for n in g.nodes}
-    for nodes in mixed.steps(structural, measured, len(graph.node)):
+    plan = mixed.steps(structural, measured, len(graph.node))
+    kept: tuple[str, ...] = ()
+    for nodes in plan.sets:
         if time.monotonic() >= deadline:
             log.info("the mixed-precision search stopped at its time limit")
             trial.stopped = True
             break
+        kept = nodes
         derived = trial.run(base.keeping_in_float(nodes))
         if derived is None:
             continue
@@ -401,7 +405,35 @@ def _mixed_search(  # noqa: PLR0917  (the search's state)
         row["float_for"] = sorted({reasons[n] for n in nodes if n in reasons})
         table.append(row)
         if row["passed"]:
+            trial.ended = f"passed with {len(nodes)} of {len(graph.node)} nodes in float"
             return
+    trial.ended = _search_end(trial, plan, len(kept), len(graph.node))
+
+
+def _search_end(trial: _Trial, plan: mixed.Plan, kept: int, total: int) -> str:
+    """Why the mixed-precision search found nothing that passes, in one sentence for the refusal."""
+    if not plan.sets:
+        return ("it had nothing to keep in float: no trouble spot of a detection head in the graph, and no "
+                "stretch measured losing accuracy")  # fmt: skip
+    if trial.stopped:
+        return f"it met its time limit ({trial.opts.search_s:.0f} s) with {kept} of {total} nodes in float"
+    if plan.capped:
+        return (f"it kept {kept} of {total} nodes in float and stopped before {plan.cap} (half the graph): beyond, "
+                "int8 has nothing left to gain")  # fmt: skip
+    return (f"every trouble spot of the head and every stretch measured losing accuracy was kept in float "
+            f"({kept} of {total} nodes) and the answers still changed")  # fmt: skip
+
+
+def _no_pass_message(table: list[dict[str, Any]], ended: str) -> str:
+    """The refusal: the best candidate found, how far it missed, and why the search found nothing better."""
+    judged = [row for row in table if row["agreement"] is not None]
+    best = max(judged, key=lambda row: (row["agreement"]["value"], -row["int8_ms"]))
+    message = (
+        f"no int8 recipe kept the fp32 model's answers on the held-out frames; the closest, {best['recipe']} "
+        f"({best['agreement']['check']} {best['agreement']['value']:.4g}, {best['speedup'] or 0:.2f}x fp32), missed: "
+        f"{best['why']}"
+    )
+    return message + (f". The mixed-precision search: {ended}" if ended else "")
 
 
 ACCURATE_WITHIN = 1.10  # a passing recipe at most this much slower than the fastest one, but more accurate, wins
@@ -652,20 +684,8 @@ def _note_float_activations(model: Any, opts: QuantizeOptions, notes: list[str])
         )
 
 
-def x86_without_vnni(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """True on an x86 CPU whose flags name no VNNI (AVX2 only): there ONNX Runtime's int8 kernels add pairs
-    of u8 x s8 products in 16 bits, which saturates with full 8-bit weights (ONNX Runtime's quantization
-    docs advise `reduce_range` for such machines). False on ARM and on VNNI CPUs, or when unknown."""
-    try:
-        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), None)
-    return flags is not None and "avx2" in flags and not {"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags)
-
-
 def _reduce_range(opts: QuantizeOptions) -> bool:
-    return opts.reduce_range if opts.reduce_range is not None else x86_without_vnni()
+    return opts.reduce_range if opts.reduce_range is not None else Cpu.read().x86_without_vnni
 
 
 def _symmetric(opts: QuantizeOptions) -> bool:
@@ -743,8 +763,8 @@ def render_search(search: dict[str, Any]) -> None:
             stdout_console().print(f"  {row['recipe']}: {row['why']}", markup=False, highlight=False)
         for why in row.get("float_for") or []:  # a mixed-precision step: what its float nodes are for
             stdout_console().print(f"  {row['recipe']} keeps in float: {why}", markup=False, highlight=False)
-    if search.get("stopped_at_limit"):
-        stdout_console().print("  the mixed-precision search stopped at its time limit", markup=False)
+    if search.get("search_ended"):
+        stdout_console().print(f"  the mixed-precision search: {search['search_ended']}", markup=False, highlight=False)
 
 
 def render_quantize(report: dict[str, Any]) -> None:
