@@ -1,5 +1,5 @@
-"""Every `reasons` line the test suite sees, so docs/troubleshooting.md can be held to the code: each line a
-status answer or `Report.reasons()` gave in any test must match an entry of edged's reason catalog.
+"""Every `reasons` line the test suite sees, so docs/status.md's troubleshooting table can be held to the code:
+each line a status answer or `Report.reasons()` gave in any test must match an entry of edged's reason catalog.
 
 A pass-through recorder, installed by conftest before the test modules import: it wraps `edged.ops.status.query`
 (the status answers of daemon processes) and `Report.reasons` (in-process daemons); what they return is

@@ -10,7 +10,6 @@ with that hash is used again without a download.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import ssl
@@ -28,6 +27,7 @@ from typing import IO
 from edged.core.durable import commit, make_dirs
 from edged.core.errors import CommandError
 from edged.core.safejson import loads_object
+from edged.model.session import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +39,6 @@ MQTT_PREFIX = "edged/fleet/models"
 def model_path(folder: Path, sha256: str) -> Path:
     """Where a fetched model lives."""
     return folder / f"{sha256}.onnx"
-
-
-def file_sha256(path: Path) -> str:
-    """The sha256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_verified(folder: Path, sha256: str, max_bytes: int, fill: Callable[[IO[bytes], int], None]) -> Path:

@@ -216,7 +216,7 @@ class InferenceWorker(Supervised):
             self.stats.count_events(len(events), out.scene.active_tracks)
         publish, changed = out.publish.decide(result)
         if not publish:
-            self.stats.count_suppressed()  # counted, then dropped: no spool row, no seq (see publish.py)
+            self.stats.count_suppressed()  # counted, then dropped: no spool row, no seq (see resultfilter.py)
             return
         seq = out.sink.next_seq(self.pipeline)
         message = result_message(out.device_id, self.pipeline, seq, frame, model.loaded, timings, result)

@@ -1,5 +1,6 @@
 """What rides on the publisher's connection besides the results: each is a `Hook` that the daemon adds, and
-the publisher knows none of them by name (the stats message, Home Assistant discovery, remote control).
+the publisher knows none of them by name (the stats and clock messages, Home Assistant discovery through
+`Announce`, replay requests, and remote control through `SideChannel`).
 
 On each connection the publisher hands every hook a `Session`: publish within the broker's limits (a message
 larger than its Maximum Packet Size is left out with a warning; retain only where the broker keeps retained
