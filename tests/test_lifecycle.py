@@ -22,7 +22,7 @@ from inprocess import SilentCamera, finish, live_daemon, start
 from edged.config import config_from_dict
 from edged.daemon import Daemon
 from edged.model.session import LoadedModel
-from edged.ops.logs import RateLimit
+from edged.ops.logs import RepeatFilter
 
 UNIT = REPO / "systemd" / "edged.service"
 
@@ -136,7 +136,7 @@ def test_notify_order_and_a_hung_model_run_silences_the_watchdog(
 @pytest.mark.integration
 def test_a_repeating_log_line_is_rate_limited_with_a_count(caplog: pytest.LogCaptureFixture) -> None:
     logger = logging.getLogger("edged.test.ratelimit")
-    limit = RateLimit(burst=2, period=0.2)
+    limit = RepeatFilter(burst=2, period=0.2)
     logger.addFilter(limit)
     try:
         with caplog.at_level(logging.WARNING, logger="edged.test.ratelimit"):

@@ -260,14 +260,18 @@ def test_rate_limit_token_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
 
     now = [100.0]
     monkeypatch.setattr("edged.uplink.mqttclient.time.monotonic", lambda: now[0])
-    bucket = mqttclient.RateLimit(10.0)
+    bucket = mqttclient.TokenBucket(10.0)
     assert bucket.allow() == 10  # a burst of one second's worth
     bucket.take(10)
     assert bucket.allow() == 0
     now[0] += 0.5
     assert bucket.allow() == 5
     assert bucket.wait_s() == pytest.approx(0.1 * (1 - (bucket.tokens % 1)), abs=0.1)
-    assert mqttclient.RateLimit(0).allow() > 10**6  # 0 = unlimited
+    assert mqttclient.TokenBucket(0).allow() > 10**6  # 0 = unlimited
+    replay = mqttclient.TokenBucket(1000.0, burst=5000.0)  # the replay's: 5,000 at once, then 1,000 a second
+    replay.take(replay.allow())
+    now[0] += 10.0
+    assert replay.allow() == 5000
 
 
 @pytest.mark.integration

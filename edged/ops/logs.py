@@ -14,7 +14,7 @@ BURST = 3  # identical lines let through per period ...
 PERIOD_S = 60.0  # ... then one line per period, saying how many were suppressed
 
 
-class RateLimit(logging.Filter):
+class RepeatFilter(logging.Filter):
     """Lets `burst` records with the same (logger, level, message template) through per `period`.
 
     The next record let through after a quiet spell says how many similar ones were suppressed.
@@ -77,7 +77,7 @@ def setup_logging(level: int) -> None:
         if sys.stderr.isatty():
             fmt = "%(asctime)s " + fmt
         handler.setFormatter(logging.Formatter(fmt))
-    handler.addFilter(RateLimit())
+    handler.addFilter(RepeatFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

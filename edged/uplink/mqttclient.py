@@ -103,12 +103,14 @@ def connect_properties(protocol: str) -> Properties | None:
     return props
 
 
-class RateLimit:
-    """Token bucket: at most `rate` messages per second (0 = unlimited), bursts of one second's worth."""
+class TokenBucket:
+    """Token bucket: at most `rate` messages per second (0 = unlimited), bursts of `burst` (default: one
+    second's worth)."""
 
-    def __init__(self, rate: float) -> None:
+    def __init__(self, rate: float, burst: float | None = None) -> None:
         self.rate = rate
-        self.tokens = max(1.0, rate)
+        self.burst = burst if burst is not None else max(1.0, rate)
+        self.tokens = self.burst
         self.stamp = time.monotonic()
 
     def allow(self) -> int:
@@ -116,7 +118,7 @@ class RateLimit:
         if not self.rate:
             return 1 << 30
         now = time.monotonic()
-        self.tokens = min(max(1.0, self.rate), self.tokens + (now - self.stamp) * self.rate)
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
         return int(self.tokens)
 

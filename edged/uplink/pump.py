@@ -27,7 +27,7 @@ from edged.core.stats import MqttStats
 from edged.store.spool import Row, Spool
 from edged.uplink.brokerlimits import BrokerLimits, publish_size
 from edged.uplink.inflight import InFlight, Message
-from edged.uplink.mqttclient import ExpiryProperties, RateLimit
+from edged.uplink.mqttclient import ExpiryProperties, TokenBucket
 from edged.uplink.settings import MqttConfig
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class ResultPump:
         self.limits = BrokerLimits()
         self.inflight = cfg.max_inflight  # this connection's window: the broker's Receive Maximum when smaller
         self._props = ExpiryProperties(cfg)
-        self._rate = RateLimit(cfg.max_rate)
+        self._rate = TokenBucket(cfg.max_rate)
         self._refused_backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s)
         self._cursor = 0
         self._seen_changes = -1

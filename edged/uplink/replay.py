@@ -38,6 +38,7 @@ from edged.core.errors import InputError
 from edged.core.safejson import loads
 from edged.core.settings import NAME_MAX
 from edged.store.spool import Spool
+from edged.uplink.mqttclient import TokenBucket
 from edged.uplink.session import Hook, Session
 
 log = logging.getLogger(__name__)
@@ -107,8 +108,7 @@ class ReplayRequests(Hook):
         self._lock = threading.Lock()
         self._queue: deque[bytes] = deque()
         self._wake: Callable[[], None] = lambda: None
-        self._tokens = float(MAX_SEQS)
-        self._stamp = time.monotonic()
+        self._bucket = TokenBucket(REPLAY_PER_S, burst=float(MAX_SEQS))
         self.counts = {"requests": 0, "replayed": 0, "gone": 0, "refused": 0}
 
     def bind(self, wake: Callable[[], None]) -> None:
@@ -177,12 +177,9 @@ class ReplayRequests(Hook):
                 "window": self.spool.window_span(stream)}  # fmt: skip
 
     def _take(self, n: int) -> bool:
-        now = time.monotonic()
-        self._tokens = min(float(MAX_SEQS), self._tokens + (now - self._stamp) * REPLAY_PER_S)
-        self._stamp = now
-        if n > self._tokens:
+        if self._bucket.allow() < n:
             return False
-        self._tokens -= n
+        self._bucket.take(n)
         return True
 
     def snapshot(self) -> dict[str, int]:
