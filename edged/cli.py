@@ -547,19 +547,19 @@ def _command_status(args: argparse.Namespace) -> int:
 
 
 def _command_tool(args: argparse.Namespace) -> int:
-    from edged.tools.commands import run_tool  # noqa: PLC0415
+    from edged.tools.clihandlers import run_tool  # noqa: PLC0415
 
     return run_tool(args)
 
 
 def _command_ingest(args: argparse.Namespace) -> int:
-    from edged.fleet.commands import run_ingest_command  # noqa: PLC0415  (psycopg: only when asked)
+    from edged.fleet.clihandlers import run_ingest_command  # noqa: PLC0415  (psycopg: only when asked)
 
     return run_ingest_command(args)
 
 
 def _command_fleet(args: argparse.Namespace) -> int:
-    from edged.fleet.commands import run_fleet_command  # noqa: PLC0415  (cryptography: only when asked)
+    from edged.fleet.clihandlers import run_fleet_command  # noqa: PLC0415  (cryptography: only when asked)
 
     return run_fleet_command(args)
 

@@ -41,9 +41,9 @@ from edged.store.spool import Spool
 from edged.uplink.clockmessage import ClockMessage
 from edged.uplink.homeassistant import STATE_FILE as HA_STATE_FILE
 from edged.uplink.homeassistant import Discovery
+from edged.uplink.hooks import Announce
 from edged.uplink.publisher import Publisher, topic_for
 from edged.uplink.replay import ReplayRequests
-from edged.uplink.session import Announce
 from edged.uplink.sidechannel import SideChannel
 from edged.uplink.statsmessage import StatsMessage
 

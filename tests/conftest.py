@@ -30,7 +30,7 @@ from pgserver import PgServer, make_server
 from reasons_seen import SEEN as REASONS_SEEN
 from reasons_seen import install as record_reasons
 
-from edged.control.commands import new_command
+from edged.control.envelope import new_command
 from edged.core.signing import generate_key, load_private_key
 from edged.fleet.send import BrokerOptions, FleetClient
 from edged.model.preprocess import PreprocessSpec

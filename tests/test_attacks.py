@@ -18,7 +18,7 @@ from conftest import Rig, StartDaemon, ask, base_config, control_daemon, make_vi
 from hostile_bytes import CORPUS
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edged.control.commands import command_topic, new_command
+from edged.control.envelope import command_topic, new_command
 from edged.core.signing import load_private_key, sign
 
 pytestmark = pytest.mark.integration

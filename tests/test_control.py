@@ -14,7 +14,7 @@ import pytest
 from conftest import Rig, Subscribe, ask, control_daemon, wait_for
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edged.control.commands import command_topic, new_command
+from edged.control.envelope import command_topic, new_command
 from edged.core.signing import generate_key, load_private_key, sign
 
 pytestmark = pytest.mark.integration

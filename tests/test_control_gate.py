@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from edged.config import parse_config
-from edged.control.commands import command_topic, new_command
+from edged.control.envelope import command_topic, new_command
 from edged.control.gate import CommandGate
 from edged.control.settings import ControlConfig
 from edged.core.errors import CommandError, ConfigError

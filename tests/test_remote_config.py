@@ -14,8 +14,8 @@ import yaml
 from conftest import make_tiny_model, wait_for
 from control_stubs import Outbox
 
-from edged.control.commands import command_topic, new_command
 from edged.control.controller import Controller
+from edged.control.envelope import command_topic, new_command
 from edged.control.remoteconfig import merged_text
 from edged.control.settings import ControlConfig
 from edged.core.signing import generate_key, load_private_key, sign

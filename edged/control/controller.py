@@ -37,8 +37,8 @@ from edged.control.settings import ControlConfig
 from edged.core.errors import CommandError, EdgedError
 from edged.core.threads import Restart, Supervised
 from edged.pipeline.frametap import FrameTap, save_frames
+from edged.uplink.hooks import Hook, Session
 from edged.uplink.mqttclient import topic_for
-from edged.uplink.session import Hook, Session
 from edged.uplink.sidechannel import SideMessage
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class RecordArgs(_Args):
 
 
 class Controller(Supervised, Hook):
-    """The `edged-control` thread, riding on the publisher's connection as a hook (uplink/session.py)."""
+    """The `edged-control` thread, riding on the publisher's connection as a hook (uplink/hooks.py)."""
 
     def __init__(
         self, cfg: ControlConfig, device_id: str, state_dir: Path, *, target: ControlTarget, side: SideSender | None

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from edged.control.commands import GROUP, Envelope, device_prefix, group_prefix
+from edged.control.envelope import GROUP, Envelope, device_prefix, group_prefix
 from edged.control.names import CommandName
 from edged.control.settings import ControlConfig
 from edged.core.durable import read_json, write_atomic

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from edged.control.commands import CMD_TOPIC, GROUP_TOPIC
+from edged.control.envelope import CMD_TOPIC, GROUP_TOPIC
 from edged.control.names import ALL_COMMANDS, CommandName
 from edged.core.settings import NAME_PATTERN, Strict
 from edged.core.signing import load_public_key

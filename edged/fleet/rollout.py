@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edged.control.commands import new_command
+from edged.control.envelope import new_command
 from edged.core.errors import EdgedError
 from edged.core.signing import sign_file_digest
 from edged.fleet.send import FleetClient

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from edged.control.commands import command_topic
+from edged.control.envelope import command_topic
 from edged.core.errors import EdgedError, InputError
 from edged.core.safejson import loads
 from edged.core.secrets import read_secret

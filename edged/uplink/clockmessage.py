@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from edged.core.clock import ClockWatch
-from edged.uplink.session import Hook, Session
+from edged.uplink.hooks import Hook, Session
 
 
 class ClockMessage(Hook):

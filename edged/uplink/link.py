@@ -18,9 +18,9 @@ import paho.mqtt.client as paho
 
 from edged.core.stats import MqttStats
 from edged.uplink.brokerlimits import BrokerLimits, describe_disconnect, describe_reason
+from edged.uplink.hooks import Hook, Session
 from edged.uplink.inflight import InFlight
 from edged.uplink.reconnect import TAKEOVER_COUNT, TAKEOVER_WINDOW_S, Takeover
-from edged.uplink.session import Hook, Session
 
 log = logging.getLogger(__name__)
 

@@ -29,6 +29,7 @@ from edged.core.secrets import check_private
 from edged.core.stats import MqttStats
 from edged.core.threads import DeathHook, Supervised
 from edged.store.spool import Spool
+from edged.uplink.hooks import Hook, Session
 from edged.uplink.link import Link, Listeners, note_error
 from edged.uplink.mqttclient import (
     CONNECT_TIMEOUT_S,
@@ -40,7 +41,6 @@ from edged.uplink.mqttclient import (
 )
 from edged.uplink.pump import Correct, ResultPump
 from edged.uplink.reconnect import Reconnect, next_protocol
-from edged.uplink.session import Hook, Session
 from edged.uplink.settings import MqttConfig
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class Publisher(Supervised):
         self.reconnect = Reconnect(cfg)
         self._accepted: Literal["3.1.1", "5"] | None = None  # the version this broker accepted: kept until a restart
         self._sure = False  # the last fallback to 3.1.1 followed a plain refusal of 5 (0x84, or no CONNACK at all)
-        self.hooks: list[Hook] = []  # what rides on the connection (session.py); added before start
+        self.hooks: list[Hook] = []  # what rides on the connection (hooks.py); added before start
         self._ears = Listeners(self._wake.set, stats, self.client_id, f"{cfg.host}:{cfg.port}", cfg.max_inflight,
                                self.pump.window, self._halt.is_set, self.hooks)  # fmt: skip
         spool.on_change(self._wake.set)

@@ -38,8 +38,8 @@ from edged.core.errors import InputError
 from edged.core.safejson import loads
 from edged.core.settings import NAME_MAX
 from edged.store.spool import Spool
+from edged.uplink.hooks import Hook, Session
 from edged.uplink.mqttclient import TokenBucket
-from edged.uplink.session import Hook, Session
 
 log = logging.getLogger(__name__)
 

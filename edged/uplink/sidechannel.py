@@ -2,7 +2,7 @@
 
 They are not spooled (a reply to a command nobody waits for any more is worth nothing after a restart);
 they wait in a small bounded queue for the next connection and go before the next results. The side channel
-is a hook on the publisher's connection (session.py), added by the daemon with remote control.
+is a hook on the publisher's connection (hooks.py), added by the daemon with remote control.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from edged.uplink.session import Hook, Session
+from edged.uplink.hooks import Hook, Session
 
 log = logging.getLogger(__name__)
 

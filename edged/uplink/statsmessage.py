@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from edged.uplink.hooks import Hook, Session
 from edged.uplink.mqttclient import topic_for
-from edged.uplink.session import Hook, Session
 from edged.uplink.settings import MqttConfig
 
 StatsSource = Callable[[], dict[str, Any]]

@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.console import Console
 
-from edged.control.commands import new_command
+from edged.control.envelope import new_command
 from edged.core.errors import EdgedError
 from edged.core.signing import generate_key, load_private_key
 from edged.fleet.ingest import Ingest, IngestOptions
