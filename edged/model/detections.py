@@ -23,7 +23,7 @@ from pydantic import Field
 
 from edged.core.errors import ModelError
 from edged.core.settings import Strict
-from edged.model.postprocess import Labels, labels_field
+from edged.model.postprocess import DETECTIONS, Labels, labels_field
 from edged.model.preprocess import Geometry
 
 Array = npt.NDArray[np.float32]
@@ -34,7 +34,7 @@ SCORE_MAX = 1.0 + 1e-3  # a published score is a probability (float rounding asi
 class BoxOptions(Strict):
     """Keys every box decoder takes (the decoder's own config model adds its head's keys)."""
 
-    DETECTIONS: ClassVar[bool] = True  # its results are `detections`: masks, zones, tracking, secondary apply
+    PRODUCES: ClassVar[str] = DETECTIONS  # masks, zones, tracking and secondary models apply
 
     score_threshold: float = Field(0.25, ge=0, le=1, description="Detections scoring less are dropped.")
     iou_threshold: float = Field(0.45, gt=0, le=1, description="NMS: overlap above which the weaker box goes.")

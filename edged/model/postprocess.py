@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -18,6 +18,29 @@ from edged.model.metadata import metadata_json
 from edged.model.preprocess import Geometry
 
 LABELS_KEY = "edged.labels"
+
+# What a decoder's results are, declared by its config model as `PRODUCES` (a ClassVar) and asked by every
+# consumer (tracking, zones, masks and secondary models in the pipeline's config check, Home Assistant's
+# entities, quantize's and validate's judge) instead of its type key:
+CLASSES = "classes"  # `top`: ranked labels with scores
+DETECTIONS = "detections"  # `detections`: boxes in the detect format (keypoints or polygons may ride along)
+SEGMENTS = "segments"  # `segments`: a class map's regions; the decoder has a `class_map(outputs)` method
+RAW = "raw"  # anything else (the default, for a plugin that does not say)
+KINDS = (CLASSES, DETECTIONS, SEGMENTS, RAW)
+
+
+def produces(config: Any) -> str:
+    """What results a decoder with this config (an instance or its class) gives (one of KINDS). A plugin
+    written before `PRODUCES` that says `DETECTIONS = True` gives detections; one that says nothing, raw."""
+    said = getattr(config, "PRODUCES", None)
+    if said in KINDS:
+        return str(said)
+    return DETECTIONS if getattr(config, "DETECTIONS", False) is True else RAW
+
+
+def producing(kind: str) -> list[str]:
+    """The registered type keys whose decoders give `kind` (for messages that say which types would do)."""
+    return [key for key in POSTPROCESSORS.ordered_keys() if produces(POSTPROCESSORS.configs[key]) == kind]
 
 
 Labels = list[str] | Path | None
@@ -87,6 +110,8 @@ def labels_field() -> Any:
 class ClassifyConfig(Strict):
     """Classification: softmax if the model gives logits, top-k with labels."""
 
+    PRODUCES: ClassVar[str] = CLASSES
+
     type: Literal["classify"] = Field(description="Postprocessor type key.")
     top_k: int = Field(3, ge=1, le=1000, description="How many classes to report.")
     labels: Labels = labels_field()
@@ -98,6 +123,8 @@ class ClassifyConfig(Strict):
 
 class RawConfig(Strict):
     """Raw outputs: shape, dtype and summary per output; values included up to a cap."""
+
+    PRODUCES: ClassVar[str] = RAW
 
     type: Literal["raw"] = Field(description="Postprocessor type key.")
     max_values: int = Field(64, ge=0, description="Include at most this many values per output.")

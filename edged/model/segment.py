@@ -36,6 +36,7 @@ from edged.core.settings import Strict
 from edged.model.detections import input_size_of, sigmoid
 from edged.model.postprocess import (
     POSTPROCESSORS,
+    SEGMENTS,
     Labels,
     Postprocessor,
     labels_field,
@@ -54,7 +55,7 @@ BACKGROUND = {"background", "__background__"}
 class SegmentConfig(Strict):
     """Semantic segmentation; see edged/model/segment.py."""
 
-    DETECTIONS: ClassVar[bool] = False  # its results are `segments`, not boxes to track or crop
+    PRODUCES: ClassVar[str] = SEGMENTS  # not boxes to track or crop
 
     type: Literal["segment"] = Field(description="Postprocessor type key.")
     labels: Labels = labels_field()

@@ -26,14 +26,21 @@ from pydantic import Field
 from edged.core.errors import ModelError
 from edged.core.settings import Strict
 from edged.model.detections import Array, BoxOptions, Candidates, Finisher, input_size_of, sigmoid
-from edged.model.postprocess import POSTPROCESSORS, Postprocessor, output_field, pick_output, with_reading
+from edged.model.postprocess import (
+    DETECTIONS,
+    POSTPROCESSORS,
+    Postprocessor,
+    output_field,
+    pick_output,
+    with_reading,
+)
 from edged.model.preprocess import Geometry
 
 
 class TextConfig(Strict):
     """DB text detection (PaddleOCR's detectors and the like); see edged/model/text.py."""
 
-    DETECTIONS: ClassVar[bool] = True  # its results are `detections`: masks, zones, tracking, secondary apply
+    PRODUCES: ClassVar[str] = DETECTIONS  # polygons with their boxes: masks, zones, tracking, secondary apply
 
     type: Literal["text"] = Field(description="Postprocessor type key.")
     threshold: float = Field(0.3, gt=0, lt=1, description="Probability at which a map pixel counts as text.")

@@ -13,7 +13,7 @@ from edged.capture.motion import MotionConfig
 from edged.capture.sensor import SensorSourceConfig
 from edged.core.geometry import Point, Points, polygon_problem
 from edged.core.settings import NAME_PATTERN, Strict
-from edged.model.postprocess import POSTPROCESSORS, ClassifyConfig
+from edged.model.postprocess import DETECTIONS, POSTPROCESSORS, ClassifyConfig, produces, producing
 from edged.model.settings import ModelConfig, PreprocessConfig
 from edged.pipeline.resultfilter import PUBLISH_FILTERS, EveryConfig
 from edged.pipeline.scene import ReferencePoint, ZoneConfig
@@ -112,10 +112,10 @@ class PipelineConfig(Strict):
     def _scene_needs_detections(self) -> PipelineConfig:
         used = [k for k in ("masks", "zones", "secondary") if getattr(self, k)]
         used += ["tracking"] if self.tracking.enabled else []
-        if used and not getattr(self.postprocess, "DETECTIONS", False):
+        if used and produces(self.postprocess) != DETECTIONS:
             raise ValueError(
                 f"{', '.join(used)} work on detections: set a postprocess type that gives them "
-                "(detect, centernet, gfl, text)"
+                f"({', '.join(producing(DETECTIONS))})"
             )
         names = [s.name for s in self.secondary]
         if len(set(names)) != len(names):

@@ -16,7 +16,7 @@ from edged.core.errors import EdgedError
 from edged.model.postprocess import POSTPROCESSORS, make_postprocessor
 
 CHANNELS = (1, 3, 4)
-OUTPUT_KEYED = ("classify", "segment", "text")  # the decoders that read one output and take `output:`
+OUTPUT_KEY = "output"  # a decoder that reads one output names it with this key (its config model says so)
 
 
 def propose_preprocess(shape: list[Any], metadata: dict[str, str]) -> tuple[dict[str, Any] | None, list[str]]:
@@ -102,9 +102,9 @@ def _fitting_keys(
 
     if reads({"type": kind}):
         return {"type": kind}, []
-    if kind not in OUTPUT_KEYED:
+    if OUTPUT_KEY not in config_model.model_fields:  # it reads several outputs, or decides by itself
         return None
-    readable = [name for name in names if reads({"type": kind, "output": name})]
+    readable = [name for name in names if reads({"type": kind, OUTPUT_KEY: name})]
     if not readable:
         return None
-    return {"type": kind, **({"output": readable[0]} if len(readable) == 1 else {})}, readable
+    return {"type": kind, **({OUTPUT_KEY: readable[0]} if len(readable) == 1 else {})}, readable

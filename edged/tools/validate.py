@@ -182,16 +182,17 @@ def _pipeline_judge(
     post: Any, names: list[str], shapes: list[list[Any]], metadata: dict[str, str], input_size: tuple[int, int]
 ) -> tuple[str, Detector | ClassMapper | None]:
     """The judge from the pipeline's own postprocess section."""
-    from edged.model.postprocess import make_postprocessor  # noqa: PLC0415
+    from edged.model.postprocess import CLASSES, RAW, SEGMENTS, make_postprocessor, produces  # noqa: PLC0415
 
-    if post.type in ("classify", "raw"):
-        return post.type, None
-    decode = make_postprocessor(post, names, shapes, metadata, input_size)
-    class_map = getattr(decode, "class_map", None)  # a segmentation decoder: its class maps are judged
-    if class_map is not None:
-        return "segment", class_map
-    if not getattr(post, "DETECTIONS", False):
+    kind = produces(post)
+    if kind == CLASSES:
+        return "classify", None
+    if kind == RAW:
         return "raw", None
+    decode = make_postprocessor(post, names, shapes, metadata, input_size)
+    if kind == SEGMENTS:  # its class maps are judged
+        class_map = getattr(decode, "class_map", None)
+        return ("segment", class_map) if callable(class_map) else ("raw", None)
     return "detect", lambda outputs: list(decode(outputs)["detections"])
 
 

@@ -31,6 +31,7 @@ from pydantic import Field
 from edged import __version__
 from edged.core.durable import read_json, write_atomic
 from edged.core.settings import Strict
+from edged.model.postprocess import CLASSES, DETECTIONS, SEGMENTS, produces
 from edged.pipeline.settings import PipelineConfig
 
 log = logging.getLogger(__name__)
@@ -128,17 +129,17 @@ class Discovery:
     def _pipeline(self, p: PipelineConfig) -> list[tuple[str, dict[str, Any]]]:
         name, results = p.name, self.results_topic[p.name]
         out = []
-        kind = p.postprocess.type
-        if kind == "classify":
+        kind = produces(p.postprocess)
+        if kind == CLASSES:
             out.append(self._entity("sensor", f"{name}_top_label", f"{name} top label", state_topic=results,
                                     value_template="{{ value_json.result.top[0].label if value_json.result.top "
                                                    "else 'none' }}"))  # fmt: skip
             out.append(self._entity("sensor", f"{name}_top_score", f"{name} top score", state_topic=results,
                                     state_class="measurement", value_template="{{ value_json.result.top[0].score "
                                     "| round(3) if value_json.result.top else 0 }}"))  # fmt: skip
-        elif getattr(p.postprocess, "DETECTIONS", False):  # detect, centernet, gfl, text, a plugin's
+        elif kind == DETECTIONS:  # detect, centernet, gfl, text, detr, a plugin's
             out += self._detections(p, results)
-        elif kind == "segment":
+        elif kind == SEGMENTS:
             out += self._segments(p, results)
         diag = {"state_topic": self.stats_topic, "entity_category": "diagnostic", **self.stats_expiry}
         out.append(self._entity("sensor", f"{name}_fps", f"{name} frames/s", value_template=self._stats(name, "fps"),
