@@ -21,7 +21,7 @@ def test_every_built_in_decoder_says_what_it_produces() -> None:
     said = {key: produces(POSTPROCESSORS.configs[key]) for key in POSTPROCESSORS.ordered_keys()}
     assert said == {"classify": CLASSES, "raw": RAW, "detect": DETECTIONS, "centernet": DETECTIONS,
                     "gfl": DETECTIONS, "text": DETECTIONS, "segment": SEGMENTS, "detr": DETECTIONS}  # fmt: skip
-    assert producing(DETECTIONS) == ["detect", "centernet", "gfl", "text", "detr"]
+    assert producing(DETECTIONS) == ["centernet", "detect", "detr", "gfl", "text"]  # the package's modules, sorted
 
 
 def test_a_plugin_that_predates_produces_is_read_by_its_old_flag_or_as_raw() -> None:
@@ -49,6 +49,6 @@ def test_tracking_asks_what_the_decoder_produces(tmp_path: Path, post: dict[str,
     with pytest.raises(ConfigError) as err:
         load_config(path)
     assert (
-        "tracking work on detections: set a postprocess type that gives them (detect, centernet, gfl, text, detr)"
+        "tracking work on detections: set a postprocess type that gives them (centernet, detect, detr, gfl, text)"
         in str(err.value)
     )

@@ -10,7 +10,7 @@ import pytest
 from detect_models import LABELS, make_detector
 
 from edged.core.errors import ModelError
-from edged.model.detect import DetectConfig, make_detect, nms
+from edged.model.decoders.detect import DetectConfig, make_detect, nms
 from edged.model.preprocess import Geometry, Preprocessor
 from edged.pipeline.model import Model, prepare_model
 from edged.pipeline.settings import PipelineConfig

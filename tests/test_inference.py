@@ -13,7 +13,9 @@ import yaml
 from conftest import StartDaemon, base_config, make_tiny_model, make_video, write_config
 
 from edged.core.errors import ModelError, ProviderError
-from edged.model.postprocess import Classify, ClassifyConfig, Raw, RawConfig, make_postprocessor
+from edged.model.decoders.classify import Classify, ClassifyConfig
+from edged.model.decoders.raw import Raw, RawConfig
+from edged.model.postprocess import make_postprocessor
 from edged.model.preprocess import Preprocessor, PreprocessSpec
 from edged.model.session import load_model, select_providers
 from edged.model.settings import ModelConfig, PreprocessConfig

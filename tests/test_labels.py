@@ -34,7 +34,7 @@ def config(tmp_path: Path, labels: Any) -> Path:
 def test_inline_labels_are_taken_and_checked_against_the_classes(tmp_path: Path) -> None:
     names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
     cfg = check_config(config(tmp_path, names))
-    assert load_labels(cfg.pipelines[0].postprocess.labels, {}) == names  # type: ignore[union-attr]
+    assert load_labels(getattr(cfg.pipelines[0].postprocess, "labels", None), {}) == names
     with pytest.raises(ConfigError) as caught:
         check_config(config(tmp_path, ["0", "180"]))
     (problem,) = caught.value.problems

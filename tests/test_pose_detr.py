@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from edged.core.errors import ModelError
-from edged.model.detect import DetectConfig
-from edged.model.detr import DetrConfig
+from edged.model.decoders.detect import DetectConfig
+from edged.model.decoders.detr import DetrConfig
 from edged.model.postprocess import make_postprocessor
 from edged.model.preprocess import Geometry
 from edged.tools.validate import Thresholds, ValidateOptions, judge

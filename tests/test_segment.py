@@ -17,9 +17,9 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from edged.config import config_from_dict
 from edged.core.errors import ModelError
+from edged.model.decoders.segment import SegmentConfig
 from edged.model.postprocess import make_postprocessor
 from edged.model.preprocess import Geometry
-from edged.model.segment import SegmentConfig
 from edged.pipeline.resultfilter import signature
 from edged.tools.common import pipeline_postprocess, preprocess_overrides
 from edged.tools.frames import save_frames

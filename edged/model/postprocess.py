@@ -5,15 +5,13 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
-import numpy as np
 import numpy.typing as npt
 from pydantic import Field
 
 from edged.core.errors import ModelError
-from edged.core.registry import Registry
-from edged.core.settings import Strict
+from edged.core.registry import Registry, package_modules
 from edged.model.metadata import metadata_json
 from edged.model.preprocess import Geometry
 
@@ -93,7 +91,7 @@ def reading_of(post: Postprocessor, kind: str) -> str:
     return said if isinstance(said, str) else f"{kind} (a plugin decoder: it does not say what it reads)"
 
 
-def _shown(names: list[str], shapes: list[list[Any]], index: int) -> str:
+def shown(names: list[str], shapes: list[list[Any]], index: int) -> str:
     return f"{names[index]} {['?' if not isinstance(d, int) else d for d in shapes[index]]}"
 
 
@@ -107,27 +105,14 @@ def labels_field() -> Any:
     )
 
 
-class ClassifyConfig(Strict):
-    """Classification: softmax if the model gives logits, top-k with labels."""
+class DecoderSettings(Protocol):
+    """What every decoder's config model has: mypy's view of a `postprocess` key (decoderunion.py); at run time
+    the key is the union of every registered config model."""
 
-    PRODUCES: ClassVar[str] = CLASSES
-
-    type: Literal["classify"] = Field(description="Postprocessor type key.")
-    top_k: int = Field(3, ge=1, le=1000, description="How many classes to report.")
-    labels: Labels = labels_field()
-    output: str | None = output_field()
-    softmax: Literal["auto", "always", "never"] = Field(
-        "auto", description="auto: apply softmax unless the outputs already sum to 1."
-    )
-
-
-class RawConfig(Strict):
-    """Raw outputs: shape, dtype and summary per output; values included up to a cap."""
-
-    PRODUCES: ClassVar[str] = RAW
-
-    type: Literal["raw"] = Field(description="Postprocessor type key.")
-    max_values: int = Field(64, ge=0, description="Include at most this many values per output.")
+    @property
+    def type(self) -> str:
+        """The decoder's type key."""
+        ...
 
 
 class Postprocessor(Protocol):
@@ -153,21 +138,11 @@ class PostprocessorFactory(Protocol):
         ...
 
 
-# type key -> (config model, factory); each postprocessor registers itself in its own module; third-party
-# decoders come in through the `edged.postprocessors` entry point (docs/models.md: "Your own decoder")
+# type key -> (config model, factory); each decoder is one module of edged/model/decoders/, which registers
+# itself there (every module of that package is imported when the registry is read); third-party decoders
+# come in through the `edged.postprocessors` entry point the same way (docs/models.md: "Your own decoder")
 POSTPROCESSORS: Registry[PostprocessorFactory] = Registry(
-    "postprocessor",
-    "type",
-    (
-        "edged.model.postprocess",
-        "edged.model.detect",
-        "edged.model.centernet",
-        "edged.model.gfl",
-        "edged.model.text",
-        "edged.model.segment",
-        "edged.model.detr",
-    ),
-    plugins="edged.postprocessors",
+    "postprocessor", "type", package_modules("edged.model.decoders"), plugins="edged.postprocessors"
 )
 
 
@@ -203,113 +178,6 @@ def exporter_labels(metadata: dict[str, str]) -> list[str] | None:
     if character:
         return [line.strip() for line in character.splitlines() if line.strip()]
     return None
-
-
-class Classify:
-    """Top-k classes of its output; softmax when the output is logits."""
-
-    def __init__(self, cfg: ClassifyConfig, labels: list[str] | None, index: int = 0) -> None:
-        self.top_k = cfg.top_k
-        self.softmax = cfg.softmax
-        self.labels = labels
-        self.index = index  # the output it reads
-
-    def __call__(self, outputs: list[npt.NDArray[Any]], geometry: Geometry | None = None) -> dict[str, Any]:  # noqa: ARG002
-        """Return {"top": [{"index", "label", "score"}, ...]} best first; with labels, a class beyond them is
-        not published (a bare number is no label): ModelError when the model has more classes than labels."""
-        scores = np.asarray(outputs[self.index], dtype=np.float32).reshape(-1)
-        if self.labels is not None and scores.size != len(self.labels):
-            raise ModelError(f"the model gave {scores.size} class scores for {len(self.labels)} labels")
-        if self.softmax == "always" or (self.softmax == "auto" and not _is_distribution(scores)):
-            exp = np.exp(scores - scores.max())
-            scores = exp / exp.sum()
-        k = min(self.top_k, scores.size)
-        idx = np.argpartition(-scores, k - 1)[:k]
-        idx = idx[np.argsort(-scores[idx])]
-        return {"top": [self._entry(int(i), float(scores[i])) for i in idx]}
-
-    def _entry(self, index: int, score: float) -> dict[str, Any]:
-        label = self.labels[index] if self.labels and index < len(self.labels) else str(index)
-        return {"index": index, "label": label, "score": round(score, 5)}
-
-
-def _is_distribution(scores: npt.NDArray[np.float32]) -> bool:
-    return bool(scores.min() >= 0.0 and scores.max() <= 1.0 and abs(float(scores.sum()) - 1.0) < 1e-3)
-
-
-class Raw:
-    """Every output: name, shape, dtype, min/max/mean, and its first `max_values` values."""
-
-    def __init__(self, cfg: RawConfig, names: list[str]) -> None:
-        self.max_values = cfg.max_values
-        self.names = names
-
-    def __call__(self, outputs: list[npt.NDArray[Any]], geometry: Geometry | None = None) -> dict[str, Any]:  # noqa: ARG002
-        """Return {"outputs": [...]} with values capped so a message stays small."""
-        items = []
-        for name, out in zip(self.names, outputs, strict=True):
-            arr = np.asarray(out)
-            flat = arr.reshape(-1)
-            numeric = flat.astype(np.float64) if flat.size and np.issubdtype(flat.dtype, np.number) else None
-            items.append(
-                {
-                    "name": name,
-                    "shape": list(arr.shape),
-                    "dtype": str(arr.dtype),
-                    "min": float(numeric.min()) if numeric is not None else None,
-                    "max": float(numeric.max()) if numeric is not None else None,
-                    "mean": float(numeric.mean()) if numeric is not None else None,
-                    "values": flat[: self.max_values].tolist(),
-                    "truncated": bool(flat.size > self.max_values),
-                }
-            )
-        return {"outputs": items}
-
-
-@POSTPROCESSORS.register("classify", ClassifyConfig)
-def make_classify(
-    cfg: ClassifyConfig,
-    output_names: list[str],
-    output_shapes: list[list[Any]],
-    metadata: dict[str, str],
-    input_size: tuple[int, int] | None,  # noqa: ARG001
-) -> Postprocessor:
-    """`classify`: top-k of one output (`output`, or the only one that fits); the labels must match its classes."""
-    labels = load_labels(cfg.labels, metadata)
-    index = pick_output("classify", cfg.output, output_names, output_shapes, _scores_shape)
-    shape = output_shapes[index]
-    if not _scores_shape(shape):
-        raise ModelError(
-            f"classify needs one score per class ([1, classes]); the model's output {output_names[index]} is "
-            f"{shape}, a map or a detection head: use the postprocess type of its family (detect, centernet, "
-            "gfl, text) or raw"
-        )
-    classes = shape[-1] if shape and isinstance(shape[-1], int) else None
-    if labels is not None and classes is not None and len(labels) != classes:
-        raise ModelError(
-            f"{len(labels)} labels for a model with {classes} classes; fix postprocess.labels or the model"
-        )
-    count = f"{len(labels)} labels" if labels else f"{classes or '?'} classes, no labels"
-    return with_reading(
-        Classify(cfg, labels, index), f"classify: output {_shown(output_names, output_shapes, index)}, {count}"
-    )
-
-
-def _scores_shape(shape: list[Any]) -> bool:
-    """One score per class: at most one axis past the batch that is not 1."""
-    return len(shape) >= 1 and len([d for d in shape[1:] if not isinstance(d, int) or d != 1]) <= 1
-
-
-@POSTPROCESSORS.register("raw", RawConfig)
-def make_raw(
-    cfg: RawConfig,
-    output_names: list[str],
-    output_shapes: list[list[Any]],  # noqa: ARG001  (every factory takes the same arguments)
-    metadata: dict[str, str],  # noqa: ARG001
-    input_size: tuple[int, int] | None,  # noqa: ARG001
-) -> Postprocessor:
-    """`raw`: every output summarised."""
-    return with_reading(Raw(cfg, output_names), f"raw: every output ({', '.join(output_names)}), summarised")
 
 
 def make_postprocessor(

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -23,33 +23,13 @@ from pydantic import Field
 
 from edged.core.errors import EdgedError
 from edged.core.settings import NAME_PATTERN, Strict
-from edged.model.detect import crop_box
-from edged.model.postprocess import POSTPROCESSORS, ClassifyConfig, Postprocessor, make_postprocessor
+from edged.model.decoders.classify import ClassifyConfig
+from edged.model.decoders.detect import crop_box
+from edged.model.decoderunion import PostprocessConfig
+from edged.model.postprocess import Postprocessor, make_postprocessor
 from edged.model.preprocess import Preprocessor, PreprocessSpec
 from edged.model.session import LoadedModel, load_model, warm_up
 from edged.model.settings import ModelConfig, PreprocessConfig
-
-if TYPE_CHECKING:
-    from edged.model.centernet import CenterNetConfig
-    from edged.model.detect import DetectConfig
-    from edged.model.detr import DetrConfig
-    from edged.model.gfl import GflConfig
-    from edged.model.postprocess import RawConfig
-    from edged.model.segment import SegmentConfig
-    from edged.model.text import TextConfig
-
-    CropPostprocess = (
-        ClassifyConfig
-        | RawConfig
-        | DetectConfig
-        | CenterNetConfig
-        | GflConfig
-        | TextConfig
-        | SegmentConfig
-        | DetrConfig
-    )
-else:
-    CropPostprocess = POSTPROCESSORS.config_union()
 
 
 class SecondaryConfig(Strict):
@@ -58,7 +38,7 @@ class SecondaryConfig(Strict):
     name: str = Field(pattern=NAME_PATTERN, description="Key of its result under the detection's `secondary`.")
     model: ModelConfig
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
-    postprocess: CropPostprocess = Field(default_factory=lambda: ClassifyConfig(type="classify"))
+    postprocess: PostprocessConfig = Field(default_factory=lambda: ClassifyConfig(type="classify"))
     on: list[str] = Field(default_factory=list, description="Labels whose detections it runs on (empty: all).")
     min_score: float = Field(0.0, ge=0, le=1, description="Detections scoring less are not run.")
     max_per_frame: int = Field(8, ge=1, le=256, description="At most this many detections a frame, best first.")

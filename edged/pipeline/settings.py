@@ -13,7 +13,9 @@ from edged.capture.motion import MotionConfig
 from edged.capture.sensor import SensorSourceConfig
 from edged.core.geometry import Point, Points, polygon_problem
 from edged.core.settings import NAME_PATTERN, Strict
-from edged.model.postprocess import DETECTIONS, POSTPROCESSORS, ClassifyConfig, produces, producing
+from edged.model.decoders.classify import ClassifyConfig
+from edged.model.decoderunion import PostprocessConfig
+from edged.model.postprocess import DETECTIONS, produces, producing
 from edged.model.settings import ModelConfig, PreprocessConfig
 from edged.pipeline.resultfilter import PUBLISH_FILTERS, EveryConfig
 from edged.pipeline.scene import ReferencePoint, ZoneConfig
@@ -23,30 +25,12 @@ from edged.pipeline.tracking import TrackingConfig
 
 if TYPE_CHECKING:  # mypy sees the built-in parts; at run time the unions hold whatever is registered
     from edged.capture.camera import CameraSourceConfig
-    from edged.model.centernet import CenterNetConfig
-    from edged.model.detect import DetectConfig
-    from edged.model.detr import DetrConfig
-    from edged.model.gfl import GflConfig
-    from edged.model.postprocess import RawConfig
-    from edged.model.segment import SegmentConfig
-    from edged.model.text import TextConfig
     from edged.pipeline.resultfilter import EventsConfig, IntervalConfig, OnChangeConfig
 
     SourceConfig = CameraSourceConfig | SensorSourceConfig
-    PostprocessConfig = (
-        ClassifyConfig
-        | RawConfig
-        | DetectConfig
-        | CenterNetConfig
-        | GflConfig
-        | TextConfig
-        | SegmentConfig
-        | DetrConfig
-    )
     PublishConfig = EveryConfig | OnChangeConfig | IntervalConfig | EventsConfig
 else:
     SourceConfig = SOURCES.config_union()
-    PostprocessConfig = POSTPROCESSORS.config_union()
     PublishConfig = PUBLISH_FILTERS.config_union()
 
 

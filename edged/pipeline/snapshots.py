@@ -14,7 +14,7 @@ import numpy.typing as npt
 from pydantic import Field
 
 from edged.core.settings import Strict
-from edged.model.detect import crop_box
+from edged.model.decoders.detect import crop_box
 
 log = logging.getLogger(__name__)
 

@@ -200,7 +200,7 @@ def detector_for(
     names: list[str], shapes: list[list[Any]], metadata: dict[str, str], input_size: tuple[int, int]
 ) -> Detector:
     """The daemon's own detect postprocessing (defaults, the model's labels), for judging detectors."""
-    from edged.model.detect import DetectConfig, make_detect  # noqa: PLC0415
+    from edged.model.decoders.detect import DetectConfig, make_detect  # noqa: PLC0415
 
     post = make_detect(DetectConfig(type="detect"), names, shapes, metadata, input_size)
     return lambda outputs: list(post(outputs)["detections"])

@@ -52,7 +52,7 @@ class DetrOutputs(Strict):
 
 
 class DetrConfig(BoxOptions):
-    """Set-prediction detectors (DETR, RT-DETR, RF-DETR, D-FINE); see edged/model/detr.py."""
+    """Set-prediction detectors (DETR, RT-DETR, RF-DETR, D-FINE); see edged/model/decoders/detr.py."""
 
     type: Literal["detr"] = Field(description="Postprocessor type key.")
     score_threshold: float = Field(0.5, ge=0, le=1, description="Detections scoring less are dropped.")

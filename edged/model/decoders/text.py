@@ -38,7 +38,7 @@ from edged.model.preprocess import Geometry
 
 
 class TextConfig(Strict):
-    """DB text detection (PaddleOCR's detectors and the like); see edged/model/text.py."""
+    """DB text detection (PaddleOCR's detectors and the like); see edged/model/decoders/text.py."""
 
     PRODUCES: ClassVar[str] = DETECTIONS  # polygons with their boxes: masks, zones, tracking, secondary apply
 

@@ -58,7 +58,7 @@ YOLOX_STRIDES = (8, 16, 32)
 
 
 class DetectConfig(BoxOptions):
-    """Object detection: YOLO-style heads or models that output boxes themselves; see edged/model/detect.py."""
+    """Object detection: YOLO-style heads or models that output boxes themselves; see edged/model/decoders/detect.py."""
 
     type: Literal["detect"] = Field(description="Postprocessor type key.")
     format: Literal["auto", "yolov5", "yolov8", "yolox", "boxes"] = Field(

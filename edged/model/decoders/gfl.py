@@ -31,7 +31,7 @@ CANDIDATE_STRIDES = (4, 8, 16, 32, 64, 128)
 
 
 class GflConfig(BoxOptions):
-    """Distribution-focal-loss heads (PicoDet, NanoDet, GFL); see edged/model/gfl.py."""
+    """Distribution-focal-loss heads (PicoDet, NanoDet, GFL); see edged/model/decoders/gfl.py."""
 
     type: Literal["gfl"] = Field(description="Postprocessor type key.")
     score_threshold: float = Field(0.4, ge=0, le=1, description="Detections scoring less are dropped.")

@@ -47,7 +47,7 @@ class CenterNetOutputs(Strict):
 
 
 class CenterNetConfig(BoxOptions):
-    """Heatmap detectors (CenterNet, CenterFace); see edged/model/centernet.py."""
+    """Heatmap detectors (CenterNet, CenterFace); see edged/model/decoders/centernet.py."""
 
     type: Literal["centernet"] = Field(description="Postprocessor type key.")
     variant: Literal["centerface", "centernet"] = Field(

@@ -53,7 +53,7 @@ BACKGROUND = {"background", "__background__"}
 
 
 class SegmentConfig(Strict):
-    """Semantic segmentation; see edged/model/segment.py."""
+    """Semantic segmentation; see edged/model/decoders/segment.py."""
 
     PRODUCES: ClassVar[str] = SEGMENTS  # not boxes to track or crop
 
