@@ -58,7 +58,7 @@ PUBLISHER_CLOSE_S = 3.0  # after the grace: `offline`, DISCONNECT, paho's thread
 
 
 class ControlPort:
-    """What the control stage may ask of the daemon (control/controller.py ControlTarget), and nothing else:
+    """What the control stage may ask of the daemon (control/context.py ControlTarget), and nothing else:
     the status, a reload, the config file and its check, a pipeline's frames and config, the model check."""
 
     def __init__(

@@ -113,3 +113,13 @@ def test_control_events_topic_is_now_replies_topic_and_the_old_name_still_works(
     assert "control.events_topic is now control.replies_topic" in caplog.text
     with pytest.raises(ValueError, match=r"old name of control\.replies_topic"):
         ControlConfig.model_validate({"public_keys": [public], "events_topic": "a", "replies_topic": "b"})
+
+
+def test_every_command_name_has_one_handler_module_and_no_handler_is_unnamed() -> None:
+    """The command path: names.py (what `edged fleet send` offers) and handlers/ (one module per command,
+    found by the dispatcher's registry) hold the same commands."""
+    from edged.control.dispatch import HANDLERS
+    from edged.control.names import ALL_COMMANDS
+
+    assert HANDLERS.keys() == set(ALL_COMMANDS)
+    assert {f.__module__.rsplit(".", 1)[-1] for f in HANDLERS.factories.values()} == set(ALL_COMMANDS)
