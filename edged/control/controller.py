@@ -28,8 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import paho.mqtt.client as paho
-
 from edged import __version__
 from edged.control.chunkfetch import ChunkFetch
 from edged.control.context import CommandContext, ControlTarget, SideSender
@@ -40,7 +38,7 @@ from edged.control.settings import ControlConfig
 from edged.control.statereport import StateReporter
 from edged.core.errors import CommandError, EdgedError
 from edged.core.threads import Restart, Supervised
-from edged.uplink.hooks import Hook, Session
+from edged.uplink.hooks import Hook, Incoming, Session
 from edged.uplink.sidechannel import SideMessage
 
 log = logging.getLogger(__name__)
@@ -85,19 +83,15 @@ class Controller(Supervised, Hook):
 
     # -- on the connection (paho's thread and the edged-mqtt thread) -------------------------------------
 
-    def message(self, message: paho.MQTTMessage) -> None:
+    def message(self, message: Incoming) -> None:
         """A message on a command topic or a rollout's chunk topic (paho's thread): queued, see deliver()."""
-        props = getattr(message, "properties", None)
-        response = getattr(props, "ResponseTopic", None) if props is not None else None
-        correlation = getattr(props, "CorrelationData", None) if props is not None else None
-        try:
-            topic = message.topic
-        except UnicodeDecodeError:  # a broker that lets a topic which is not UTF-8 through: not a command topic
+        if message.topic is None:  # a broker that lets a topic which is not UTF-8 through: not a command topic
             log.warning("control: a message on a topic that is not UTF-8 was dropped")
             return
-        if not isinstance(response, str) or len(response) > MAX_RESPONSE_TOPIC or any(c in response for c in "+#\0"):
+        response, correlation = message.response_topic, message.correlation
+        if response is None or len(response) > MAX_RESPONSE_TOPIC or any(c in response for c in "+#\0"):
             response, correlation = None, None  # no answer to a topic that is no topic (a filter, too long)
-        self.deliver(topic, bytes(message.payload), response, correlation)
+        self.deliver(message.topic, message.payload, response, correlation)
 
     def topics(self) -> list[str]:
         """Command topic filters: this device's and its groups'."""

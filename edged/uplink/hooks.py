@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as paho
@@ -87,6 +88,33 @@ class Session:
             granted(False)
 
 
+@dataclass(frozen=True)
+class Incoming:
+    """A message from the broker as hooks see it (edged's own type: paho's stays in the uplink)."""
+
+    topic: str | None  # None: the topic is not UTF-8 (a broker let it through), so no topic of ours
+    payload: bytes
+    response_topic: str | None = None  # MQTT 5: where the sender wants an answer, when it named one
+    correlation: bytes | None = None  # MQTT 5: what the sender wants echoed with the answer
+
+    @classmethod
+    def of(cls, message: paho.MQTTMessage) -> Incoming:
+        """From paho's message (paho's thread)."""
+        try:
+            topic: str | None = message.topic
+        except UnicodeDecodeError:
+            topic = None
+        props = getattr(message, "properties", None)
+        response = getattr(props, "ResponseTopic", None) if props is not None else None
+        correlation = getattr(props, "CorrelationData", None) if props is not None else None
+        return cls(
+            topic,
+            bytes(message.payload),
+            response if isinstance(response, str) else None,
+            bytes(correlation) if isinstance(correlation, (bytes, bytearray)) else None,
+        )
+
+
 class Hook:
     """Something that rides on the connection; every method is optional (the defaults do nothing)."""
 
@@ -102,7 +130,7 @@ class Hook:
         None when only woken (a result, an ack, a message)."""
         return None
 
-    def message(self, message: paho.MQTTMessage) -> None:
+    def message(self, message: Incoming) -> None:
         """A message on a topic this hook subscribed to (paho's thread: queue it, nothing else)."""
 
 

@@ -18,7 +18,7 @@ import paho.mqtt.client as paho
 
 from edged.core.stats import MqttStats
 from edged.uplink.brokerlimits import BrokerLimits, describe_disconnect, describe_reason
-from edged.uplink.hooks import Hook, Session
+from edged.uplink.hooks import Hook, Incoming, Session
 from edged.uplink.inflight import InFlight
 from edged.uplink.reconnect import TAKEOVER_COUNT, TAKEOVER_WINDOW_S, Takeover
 
@@ -141,9 +141,12 @@ class Link:
             note_error(ears.stats, f"disconnected from {ears.where}: {why}")
 
     def _on_message(self, msg: paho.MQTTMessage) -> None:
+        if not self.ears.hooks:
+            return
+        incoming = Incoming.of(msg)
         for hook in self.ears.hooks:
             try:  # paho's network thread carries every result: no message, however made, may end it
-                hook.message(msg)
+                hook.message(incoming)
             except Exception:  # noqa: PERF203  (one hook's failure must not cost the others their message)
                 log.exception("mqtt: a hook failed on an incoming message; the message is dropped")
 

@@ -32,13 +32,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import paho.mqtt.client as paho
-
 from edged.core.errors import InputError
 from edged.core.safejson import loads
 from edged.core.settings import NAME_MAX
 from edged.store.spool import Spool
-from edged.uplink.hooks import Hook, Session
+from edged.uplink.hooks import Hook, Incoming, Session
 from edged.uplink.mqttclient import TokenBucket
 
 log = logging.getLogger(__name__)
@@ -123,7 +121,7 @@ class ReplayRequests(Hook):
         if not ok:
             log.warning("mqtt: no replay on this connection: the broker refused %s", self.request_topic)
 
-    def message(self, message: paho.MQTTMessage) -> None:
+    def message(self, message: Incoming) -> None:
         """Queue it (bounded: a flood costs a refusal count, nothing else)."""
         with self._lock:
             if len(self._queue) >= QUEUED_MAX:
