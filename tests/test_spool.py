@@ -14,6 +14,7 @@ from conftest import wait_for
 
 from edged.core.errors import SpoolError
 from edged.core.recent import Recent
+from edged.store.policy import Durability
 from edged.store.seqlease import LEASE_MAX, LEASE_MIN, SeqAllocator, SeqGap
 from edged.store.spool import Spool, SpoolConfig
 
@@ -407,7 +408,7 @@ def test_a_locked_database_is_waited_for_and_never_moved_aside(tmp_path: Path) -
     holder.execute("BEGIN EXCLUSIVE")
     try:
         with pytest.raises(SpoolError, match="locked by another process"):
-            spooldb.open_checked(db, "normal", lock_wait_s=0.5)
+            spooldb.open_checked(db, Durability.of(SpoolConfig(sync="normal")), lock_wait_s=0.5)
     finally:
         holder.execute("ROLLBACK")
         holder.close()

@@ -20,10 +20,9 @@ from typing import Any, Protocol
 from edged.core.errors import SpoolError
 from edged.core.threads import Supervised
 from edged.store import spooldb
+from edged.store.policy import Durability
 
 log = logging.getLogger(__name__)
-
-CHECK_INLINE_BYTES = 64 * 2**20  # files up to this size are checked before start (about a second on a Pi)
 
 
 class Counts(Protocol):
@@ -47,22 +46,22 @@ def was_clean(path: Path) -> bool:
         return False
 
 
-def open_spool(path: Path, sync: str) -> tuple[sqlite3.Connection, Path | None, dict[str, Any], bool]:
+def open_spool(path: Path, policy: Durability) -> tuple[sqlite3.Connection, Path | None, dict[str, Any], bool]:
     """(the writer's connection, where a damaged file was moved or None, the stored state, whether the
     integrity check is still to run in the background)."""
     try:
         size = path.stat().st_size
     except OSError:
         size = 0
-    inline = size <= CHECK_INLINE_BYTES or not was_clean(path)
-    conn, moved = spooldb.open_checked(path, sync, check=inline)
+    inline = policy.check_before_start(size, clean=was_clean(path))
+    conn, moved = spooldb.open_checked(path, policy, check=inline)
     try:
         return conn, moved, spooldb.load_state(conn), not inline
     except (sqlite3.DatabaseError, TypeError, ValueError) as exc:
         if inline:
             raise SpoolError(f"cannot read spool {path}: {exc}") from exc
         conn.close()  # unreadable after all: the full check decides
-        conn, moved = spooldb.open_checked(path, sync, check=True)
+        conn, moved = spooldb.open_checked(path, policy, check=True)
         return conn, moved, spooldb.load_state(conn), False
 
 
@@ -87,10 +86,10 @@ class BackgroundCheck(Supervised):
     Damage is reported (`damage`, a status error) and `on_damage` runs (the spool leaves its seq lease
     unclean), so that the next start checks before it opens and moves the file aside."""
 
-    def __init__(self, path: Path, sync: str, on_damage: Callable[[], None]) -> None:
+    def __init__(self, path: Path, policy: Durability, on_damage: Callable[[], None]) -> None:
         super().__init__("edged-spool-check")
         self.path = path
-        self.sync = sync
+        self.policy = policy
         self.on_damage = on_damage
         self.damage: str | None = None
         self._conn: sqlite3.Connection | None = None
@@ -99,7 +98,7 @@ class BackgroundCheck(Supervised):
     def body(self) -> None:
         started = time.monotonic()
         try:
-            conn = spooldb.connect(self.path, self.sync)
+            conn = spooldb.connect(self.path, self.policy)
             self._conn = conn  # stop() interrupts it
             try:
                 problem = spooldb.integrity_problem(conn)

@@ -45,11 +45,12 @@ from edged.store.diskspace import Ballast, free_bytes
 from edged.store.eviction import Totals
 from edged.store.gaplog import GapLog
 from edged.store.outbox import Batch, Outbox
+from edged.store.policy import Durability
 from edged.store.seqlease import SeqAllocator, SeqGap
 from edged.store.settings import SpoolConfig
 from edged.store.spooldb import Row
 from edged.store.spoolspace import SpaceGuard
-from edged.store.window import SENT_BATCH, SENT_FLUSH_S, ReplayWindow
+from edged.store.window import ReplayWindow
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +72,8 @@ class Spool:
     ) -> None:
         self.path = path
         self.cfg = cfg = cfg or SpoolConfig()
-        self.sync = cfg.sync
+        self.policy = Durability.of(cfg)  # when to commit, fsync, what is trusted after a crash (policy.py)
         self.batch_max = cfg.batch_max
-        self.batch_s = cfg.batch_ms / 1000.0
         self.dead_letter_after = dead_letter_after  # mqtt.dead_letter_after: refusals before a row is set aside
         self._cond = threading.Condition()
         self._forced = 0  # flush() calls waiting
@@ -86,8 +86,8 @@ class Spool:
         self._listeners: list[Callable[[], None]] = []
         self.writer: Supervised | None = None
         self._write_error: str | None = None
-        self._wconn, self.recovered_from, state, checking = recovery.open_spool(path, self.sync)
-        self._rconn = spooldb.connect(path, self.sync)
+        self._wconn, self.recovered_from, state, checking = recovery.open_spool(path, self.policy)
+        self._rconn = spooldb.connect(path, self.policy)
         self._rlock = threading.Lock()
         self.space = SpaceGuard(path, cfg)
         self._n = Totals(state["depth"], state["bytes"], state["dead_letters"], state["dropped"], state["uncertain"])
@@ -98,10 +98,10 @@ class Spool:
         # drops and dead letters of the last minute, for status reasons (read anywhere, noted at each commit)
         self.recent_drops = Recent(RECENT_S, sum(self._n.dropped.values()))
         self.recent_dead = Recent(RECENT_S, self._n.dead_letters)
-        # the settled marks are trusted across a power cut only when every commit is fsync'd
-        self.seqs = SeqAllocator(recovery.floor_path(path), committed, self.settled if self.sync == "full" else None)
+        trusted = self.settled if self.policy.settled_marks_trusted else None
+        self.seqs = SeqAllocator(recovery.floor_path(path), committed, trusted)
         # a large spool closed cleanly is checked while results flow (recovery.py)
-        self.check = recovery.BackgroundCheck(path, self.sync, self.seqs.keep_unclean) if checking else None
+        self.check = recovery.BackgroundCheck(path, self.policy, self.seqs.keep_unclean) if checking else None
         self.gap_log = GapLog(state["gaps"])
         self.new_gaps: list[SeqGap] = list(self.seqs.gaps)  # to announce (announce_gaps) before they settle
         if self.seqs.gaps:
@@ -415,23 +415,18 @@ class Spool:
                 return
 
     def _wait_s(self) -> float | None:
-        """0 when a commit is due now, else how long until one will be (None: nothing waits)."""
-        box = self.outbox
-        if self._meta_dirty or (self._forced and self._busy()) or box.unacked_pending() >= self.batch_max:
-            return 0.0
-        waits = []
+        """0 when a commit is due now, else how long until one will be (None: nothing waits): policy.py
+        decides from what waits."""
+        box, now = self.outbox, time.monotonic()
         first = box.oldest_pending()
-        if first is not None:
-            waits.append(first.clock + self.batch_s - self.clock())
-        if self._due_since is not None:
-            waits.append(self._due_since + self.batch_s - time.monotonic())
-        if box.sent_since is not None:  # acknowledged results for the replay window: lazily, in big batches
-            if len(box.sent_due) >= SENT_BATCH:
-                return 0.0
-            waits.append(box.sent_since + SENT_FLUSH_S - time.monotonic())
-        if not waits:
-            return None
-        return max(0.0, min(waits))
+        return self.policy.commit_wait_s(
+            urgent=self._meta_dirty or bool(self._forced and self._busy()),
+            unacked=box.unacked_pending(),
+            oldest_pending_age_s=self.clock() - first.clock if first is not None else None,
+            changes_age_s=now - self._due_since if self._due_since is not None else None,
+            sent_age_s=now - box.sent_since if box.sent_since is not None else None,
+            sent_waiting=len(box.sent_due),
+        )
 
     def _commit(self, batch: Batch, keep: set[int], marks: dict[str, int]) -> None:
         delay = 0.1

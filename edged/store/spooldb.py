@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 from edged.core.durable import fsync_dir, make_dirs
 from edged.core.errors import SpoolError
+from edged.store.policy import Durability
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +79,9 @@ class Row(NamedTuple):
     tries: int = 0  # refusals by the broker so far
 
 
-def connect(path: Path, sync: str, timeout: float = 30.0) -> sqlite3.Connection:
-    """Open (creating) the database in WAL mode with the schema; raises sqlite3.Error.
-
-    `sync`: `full` fsyncs the WAL at every commit (one fsync per group commit: what is committed survives a
-    power cut); `normal` only at checkpoints (a power cut can take back every commit since the last one)."""
+def connect(path: Path, policy: Durability, timeout: float = 30.0) -> sqlite3.Connection:
+    """Open (creating) the database in WAL mode with the schema, fsync'd as `policy` says (policy.py);
+    raises sqlite3.Error."""
     new = not path.exists()
     if new:  # its mode set here, whatever the umask: results are nobody else's to read (SQLite gives the WAL
         # and its index the database file's mode)
@@ -93,7 +92,7 @@ def connect(path: Path, sync: str, timeout: float = 30.0) -> sqlite3.Connection:
     # must not keep the disk full (an existing file keeps its mode; VACUUM would rewrite it whole)
     conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute(f"PRAGMA synchronous={'FULL' if sync == 'full' else 'NORMAL'}")
+    conn.execute(f"PRAGMA synchronous={policy.synchronous}")
     # checkpoint every 500 pages (2 MB of WAL): big enough that a row acknowledged soon after it was
     # written is often deleted before its page reaches the main file, small enough that the WAL fits
     # in the spool's free-space reserve (min_free_bytes) on a small SD card
@@ -109,7 +108,7 @@ def connect(path: Path, sync: str, timeout: float = 30.0) -> sqlite3.Connection:
 
 
 def open_checked(
-    path: Path, sync: str, *, check: bool = True, lock_wait_s: float = LOCK_WAIT_S
+    path: Path, policy: Durability, *, check: bool = True, lock_wait_s: float = LOCK_WAIT_S
 ) -> tuple[sqlite3.Connection, Path | None]:
     """Open the spool; a database failing its integrity check is moved aside and a fresh one started.
 
@@ -122,7 +121,7 @@ def open_checked(
         make_dirs(path.parent, 0o750)
     except OSError as exc:
         raise SpoolError(f"cannot create {path.parent}: {exc.strerror}; check that state_dir is writable") from exc
-    problem = _check(path, sync, lock_wait_s) if path.exists() and check else None
+    problem = _check(path, policy, lock_wait_s) if path.exists() and check else None
     moved: Path | None = None
     if problem is not None:
         moved = _move_aside(path)
@@ -132,7 +131,7 @@ def open_checked(
             path, problem, moved,
         )  # fmt: skip
     try:
-        return connect(path, sync), moved
+        return connect(path, policy), moved
     except (sqlite3.Error, OSError) as exc:
         raise SpoolError(
             f"cannot open spool {path}: {exc}; check that state_dir is writable and the disk is not full"
@@ -145,12 +144,12 @@ def integrity_problem(conn: sqlite3.Connection) -> str | None:
     return None if result == ["ok"] else "; ".join(result[:3])
 
 
-def _check(path: Path, sync: str, lock_wait_s: float) -> str | None:
+def _check(path: Path, policy: Durability, lock_wait_s: float) -> str | None:
     deadline = time.monotonic() + lock_wait_s
     warned = False
     while True:
         try:
-            conn = connect(path, sync, timeout=min(1.0, lock_wait_s))
+            conn = connect(path, policy, timeout=min(1.0, lock_wait_s))
             try:
                 problem = integrity_problem(conn)
             finally:

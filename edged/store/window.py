@@ -5,7 +5,7 @@ loses what it acknowledged and nothing on the device knows (docs/mqtt.md: "Repla
 is not forgotten at once: it moves to the window, where it stays for `spool.replay_window` (1 h) and within
 `spool.replay_max_bytes` (16 MiB), oldest first out, and a consumer that finds seqs missing can ask for them
 again (uplink/replay.py answers). Results acknowledged before their commit (a healthy online device) reach the
-window in lazy batches, every SENT_FLUSH_S or SENT_BATCH rows; the window is best effort across a power cut
+window in lazy batches (policy.py: SENT_FLUSH_S, SENT_BATCH); the window is best effort across a power cut
 (a result in it was delivered once already).
 """
 
@@ -16,9 +16,6 @@ import sqlite3
 from edged.store import spooldb
 from edged.store.settings import SpoolConfig
 from edged.store.spooldb import Row
-
-SENT_FLUSH_S = 5.0  # acknowledged results wait in memory at most this long before they are written to the window
-SENT_BATCH = 512  # ... or until this many wait
 
 
 class ReplayWindow:
