@@ -39,7 +39,7 @@ from edged.core.errors import SpoolError
 from edged.core.recent import Recent
 from edged.core.threads import DeathHook, Supervised
 from edged.store import recovery, spooldb
-from edged.store.batchwrite import write_batch
+from edged.store.batchwrite import BatchWriter
 from edged.store.capacity import IntakeRate, capacity_s, describe
 from edged.store.diskspace import Ballast, free_bytes
 from edged.store.eviction import Totals
@@ -113,6 +113,7 @@ class Spool:
         self.outbox = Outbox(state["next_id"], dead_letter_after)
         self.window = ReplayWindow(cfg, self._wconn)
         self.outbox.keep_sent = self.window.enabled
+        self.batches = BatchWriter(cfg, self.space, self.window, dead_letter_after)
         self.replayed = 0  # results sent again from the window on a consumer's request
         self.intake = IntakeRate()  # bytes a second appended: what an outage would have to hold
         self._sending_to_window: list[Row] = []  # acknowledged rows in the writer's open commit to the window
@@ -432,9 +433,8 @@ class Spool:
         delay = 0.1
         while True:
             try:
-                n = write_batch(self._wconn, self._n, batch, keep=keep, marks=marks, clock=self.clock(), cfg=self.cfg,
-                                space=self.space, dead_letter_after=self.dead_letter_after,
-                                gaps=self.gap_log.entries, window=self.window)  # fmt: skip
+                n = self.batches.write(self._wconn, self._n, batch, keep=keep, marks=marks, clock=self.clock(),
+                                       gaps=self.gap_log.entries)  # fmt: skip
                 with self._cond:
                     self._write_error = None
                 self.seqs.retry()

@@ -1,0 +1,73 @@
+"""The store's parts on their own, on real SQLite files: the outbox (what the next commit writes), the batch
+writer (one commit, one transaction), the gap log. The spool that wires them is tested in test_spool.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edged.store import spooldb
+from edged.store.batchwrite import BatchWriter
+from edged.store.eviction import Totals
+from edged.store.gaplog import GAPS_KEPT, GapLog
+from edged.store.outbox import Outbox
+from edged.store.policy import Durability
+from edged.store.seqlease import SeqGap
+from edged.store.settings import SpoolConfig
+from edged.store.spooldb import Row
+from edged.store.spoolspace import SpaceGuard
+from edged.store.window import ReplayWindow
+
+
+def row(i: int, seq: int, payload: bytes = b"{}") -> Row:
+    return Row(i, "cam0/results", seq, 1.0, 1.0, "edged/dev/cam0/results", payload)
+
+
+def test_the_outbox_hands_each_row_to_one_commit_and_an_early_ack_to_the_replay_window_only() -> None:
+    box = Outbox(next_id=1, dead_letter_after=2)
+    box.keep_sent = True
+    for seq in (1, 2, 3):
+        box.add(row(box.take_id(), seq))
+    box.ack([3])  # delivered before any commit: never written to results, only to the window
+    first = box.take_batch(batch_max=10)
+    assert [r.seq for r in first.rows] == [1, 2]
+    assert [r.seq for r in first.sent] == [3]
+    assert not box.take_batch(batch_max=10)  # nothing new: rows in an open commit are not taken twice
+    box.committed(first)
+    box.ack([1])
+    assert box.refuse(2, "too large") is False
+    assert box.refuse(2, "too large") is True  # the second refusal makes it a dead letter
+    second = box.take_batch(batch_max=10)
+    assert (second.acks, second.dead) == ([1], {2: "too large"})
+
+
+def test_one_commit_stores_the_batch_moves_acks_to_the_window_and_keeps_the_totals(tmp_path: Path) -> None:
+    cfg = SpoolConfig(min_free_bytes=0, ballast_bytes=0)
+    path = tmp_path / "spool.db"
+    conn = spooldb.connect(path, Durability.of(cfg))
+    window = ReplayWindow(cfg, conn)
+    writer = BatchWriter(cfg, SpaceGuard(path, cfg), window, dead_letter_after=5)
+    box = Outbox(next_id=1, dead_letter_after=5)
+    for seq in (1, 2, 3):
+        box.add(row(box.take_id(), seq, b"x" * 10))
+    batch = box.take_batch(batch_max=10)
+    after = writer.write(conn, Totals(), batch, keep=set(), marks={"cam0/results": 3}, clock=2.0, gaps=[])
+    box.committed(batch)
+    assert (after.depth, after.bytes) == (3, 30)
+    box.ack([1, 2])
+    acks = box.take_batch(batch_max=10)
+    again = writer.write(conn, after, acks, keep=set(acks.acks), marks={}, clock=3.0, gaps=[])
+    window.settle()
+    state = spooldb.load_state(conn)  # what a restart reads: the same totals, the marks, the next id
+    assert (again.depth, again.bytes) == (1, 10) == (state["depth"], state["bytes"])
+    assert state["seqs"] == {"cam0/results": 3}
+    assert state["next_id"] == 4
+    assert window.snapshot(due=[])["rows"] == 2  # the acknowledged rows wait in the replay window
+
+
+def test_the_gap_log_counts_a_gap_declared_twice_once_and_keeps_the_last_few() -> None:
+    log = GapLog([])
+    assert log.note([SeqGap("cam0/results", 10, 19)]) == 10
+    assert log.note([SeqGap("cam0/results", 15, 24)]) == 5  # 15..19 were counted already
+    for i in range(GAPS_KEPT + 5):
+        log.note([SeqGap("cam1/results", 100 * i + 1, 100 * i + 2)])
+    assert len(log.entries) == GAPS_KEPT
