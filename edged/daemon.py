@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import select
@@ -31,14 +30,13 @@ from edged.ops.statelock import StateLock
 from edged.ops.status import StatusServer
 from edged.ops.systemd import notify, watchdog_interval
 from edged.pipeline.frametap import FrameTap
-from edged.pipeline.message import gap_message
 from edged.pipeline.model import Model
 from edged.pipeline.runner import PipelineRunner
 from edged.pipeline.settings import PipelineConfig
 from edged.pipeline.worker import ResultHook
-from edged.store.seqlease import SeqGap
 from edged.store.spool import Spool
 from edged.uplink.clockmessage import ClockMessage
+from edged.uplink.gapmessage import gap_announcer
 from edged.uplink.homeassistant import STATE_FILE as HA_STATE_FILE
 from edged.uplink.homeassistant import Discovery
 from edged.uplink.hooks import Announce
@@ -176,7 +174,7 @@ class Daemon:
             self.state_lock = StateLock(cfg.state_dir)  # before anything is opened: one daemon per state_dir
             self.clock.check()  # before the first frame: is the wall clock to be trusted?
             self.spool = Spool(cfg.state_dir / "spool.db", cfg.spool, dead_letter_after=cfg.mqtt.dead_letter_after)
-            self.spool.announce_gaps(self._gap_message)
+            self.spool.announce_gaps(gap_announcer(cfg.mqtt, cfg.device_id))
             self.spool.start(on_death=self._fatal)
             self.status_server = StatusServer(cfg.status_socket, self.report.snapshot, cfg.status.mode)
             self.status_server.start()
@@ -425,15 +423,6 @@ class Daemon:
         return f"{self.left_in_spool} result(s) in the spool (mqtt is off)"
 
     # -- reporting -------------------------------------------------------------------------------------
-
-    def _gap_message(self, gap: SeqGap) -> tuple[str, bytes]:
-        """The topic and payload announcing a seq gap left by an unclean stop."""
-        pipeline = gap.pipeline.partition("/")[0]
-        body = gap_message(
-            self.config.device_id, gap.pipeline, first=gap.first, last=gap.last, used_to=gap.used_to, ts=time.time()
-        )
-        topic = topic_for(self.config.mqtt.gaps_topic, self.config.device_id, pipeline)
-        return topic, json.dumps(body, separators=(",", ":")).encode()
 
 
 def run_daemon(daemon: Daemon) -> int:

@@ -21,12 +21,12 @@ class GapLog:
         declared again, by a second cut before the first was announced, is counted once)."""
         uncertain = 0
         for gap in gaps:
-            self.entries.append({"pipeline": gap.pipeline, "first": gap.first, "last": gap.last,
+            self.entries.append({"pipeline": gap.stream, "first": gap.first, "last": gap.last,
                                  "used_to": gap.used_to, "ts": time.time()})  # fmt: skip
             overlap = sum(
                 max(0, min(int(g["last"]), gap.last) - max(int(g["first"]), gap.first) + 1)
                 for g in self.entries[:-1]
-                if g["pipeline"] == gap.pipeline
+                if g["pipeline"] == gap.stream
             )
             uncertain += gap.size - overlap
         del self.entries[:-GAPS_KEPT]

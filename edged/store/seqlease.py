@@ -46,10 +46,10 @@ Settled = Callable[[], dict[str, int]]
 
 @dataclass(frozen=True)
 class SeqGap:
-    """Seqs `first`..`last` of `pipeline` were skipped after an unclean stop; `first`..`used_to` were
+    """Seqs `first`..`last` of `stream` were skipped after an unclean stop; `first`..`used_to` were
     certainly handed out (sent from memory before the stop, or lost), the rest perhaps never used."""
 
-    pipeline: str
+    stream: str  # the seq stream: a pipeline's results or events (`cam0/results`); status calls it `pipeline`
     first: int
     last: int
     used_to: int = 0
@@ -102,7 +102,7 @@ class SeqAllocator:
         if self.gaps:
             log.warning(
                 "spool: unclean stop before this start; seq continues after the lease, uncertain: %s",
-                ", ".join(f"{g.pipeline} {g.first}..{g.last}" for g in self.gaps),
+                ", ".join(f"{g.stream} {g.first}..{g.last}" for g in self.gaps),
             )
         self._closing = False
         self._wanted: set[str] = set()

@@ -109,7 +109,7 @@ class Spool:
             self._meta_dirty = True
         # per seq stream: the highest seq appended, and a cap while a gap is not announced yet
         self._appended: dict[str, int] = self.seqs.last()
-        self._caps: dict[str, int] = {g.pipeline: g.first - 1 for g in self.seqs.gaps}
+        self._caps: dict[str, int] = {g.stream: g.first - 1 for g in self.seqs.gaps}
         self.outbox = Outbox(state["next_id"], dead_letter_after)
         self.window = ReplayWindow(cfg, self._wconn)
         self.outbox.keep_sent = self.window.enabled
@@ -133,10 +133,10 @@ class Spool:
         second cut before that declares it again."""
         for gap in self.new_gaps:
             topic, payload = message(gap)
-            self.append(gap.pipeline, gap.first, time.time(), topic, payload)
+            self.append(gap.stream, gap.first, time.time(), topic, payload)
         with self._cond:
             for gap in self.new_gaps:
-                self._caps.pop(gap.pipeline, None)
+                self._caps.pop(gap.stream, None)
             self.new_gaps = []
 
     def settled(self) -> dict[str, int]:
@@ -150,8 +150,8 @@ class Spool:
         for key, cap in self._caps.items():
             marks[key] = min(marks.get(key, cap), cap)
         for row in unsettled:
-            if row.seq - 1 < marks.get(row.pipeline, row.seq):
-                marks[row.pipeline] = row.seq - 1
+            if row.seq - 1 < marks.get(row.stream, row.seq):
+                marks[row.stream] = row.seq - 1
         return marks
 
     def clock(self) -> float:
@@ -345,14 +345,14 @@ class Spool:
             acked = [r for r in stored if r.id in box.acked]
             kept += acked + [r for r in self._window_due(pipeline) if first <= r.seq <= last]
             waiting = [r.seq for r in stored if r.id not in box.acked and r.id not in box.dead]
-            waiting += [r.seq for r in box.pending.values() if r.pipeline == pipeline and first <= r.seq <= last]
+            waiting += [r.seq for r in box.pending.values() if r.stream == pipeline and first <= r.seq <= last]
         unique = {r.seq: r for r in kept}
         return [unique[s] for s in sorted(unique)][:limit], sorted(set(waiting) - set(unique))
 
     def _window_due(self, pipeline: str) -> list[Row]:
         """A stream's acknowledged rows on their way to the window: in memory, or in the writer's open commit
         (with `_cond` held)."""
-        return [r for r in (*self.outbox.sent_due, *self._sending_to_window) if r.pipeline == pipeline]
+        return [r for r in (*self.outbox.sent_due, *self._sending_to_window) if r.stream == pipeline]
 
     def capacity_text(self) -> str:
         """The outage the spool holds at the current rate, in words (`3 d 4 h`, `unknown`), for the status line."""

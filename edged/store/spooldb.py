@@ -70,7 +70,7 @@ class Row(NamedTuple):
     """
 
     id: int
-    pipeline: str
+    stream: str  # the seq stream (`cam0/results`; the column is `pipeline`, as in older spools)
     seq: int
     ts: float
     clock: float
@@ -275,7 +275,7 @@ def insert_dead(conn: sqlite3.Connection, rows: list[tuple[Row, str]]) -> None:
     conn.executemany(
         "INSERT OR REPLACE INTO dead_letters (id, pipeline, seq, ts, topic, payload, tries, reason, dead_ts) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [(r.id, r.pipeline, r.seq, r.ts, r.topic, r.payload, r.tries, why, now) for r, why in rows],
+        [(r.id, r.stream, r.seq, r.ts, r.topic, r.payload, r.tries, why, now) for r, why in rows],
     )
 
 
@@ -333,7 +333,7 @@ def copy_to_sent(conn: sqlite3.Connection, ids: list[int], clock: float) -> None
 
 def insert_sent(conn: sqlite3.Connection, rows: list[Row], clock: float) -> None:
     """Results acknowledged before they were ever committed, into the window."""
-    conn.executemany(INSERT_SENT, [(r.pipeline, r.seq, r.ts, clock, r.topic, r.payload) for r in rows])
+    conn.executemany(INSERT_SENT, [(r.stream, r.seq, r.ts, clock, r.topic, r.payload) for r in rows])
 
 
 def sent_size(conn: sqlite3.Connection) -> tuple[int, int]:

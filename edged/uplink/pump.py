@@ -176,7 +176,7 @@ class ResultPump:
                 log.debug("mqtt: publish returned %s; will resend after reconnect", info.rc)
                 return
             self._cursor = group[-1].id
-            sent.append((info.mid, Message([r.id for r in group], [(r.pipeline, r.ts) for r in group])))
+            sent.append((info.mid, Message([r.id for r in group], [(r.stream, r.ts) for r in group])))
 
     def _fitting(self, groups: list[list[Row]], ttl_offset: float) -> list[list[Row]]:
         """The groups, those of several results split in halves until each fits the broker's Maximum Packet

@@ -1,0 +1,25 @@
+"""The announcement of a seq gap an unclean stop left (docs/mqtt.md, "Gaps"): its topic (`mqtt.gaps_topic`,
+per pipeline) and payload (pipeline/message.py's format). The spool sends it like a result
+(`Spool.announce_gaps`), so that the gap counts as settled only once the announcement is stored or delivered."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+from edged.pipeline.message import gap_message
+from edged.store.seqlease import SeqGap
+from edged.uplink.mqttclient import topic_for
+from edged.uplink.settings import MqttConfig
+
+
+def gap_announcer(cfg: MqttConfig, device_id: str) -> Callable[[SeqGap], tuple[str, bytes]]:
+    """What `Spool.announce_gaps` calls for each gap: (topic, payload)."""
+
+    def announce(gap: SeqGap) -> tuple[str, bytes]:
+        pipeline = gap.stream.partition("/")[0]
+        body = gap_message(device_id, gap.stream, first=gap.first, last=gap.last, used_to=gap.used_to, ts=time.time())
+        return topic_for(cfg.gaps_topic, device_id, pipeline), json.dumps(body, separators=(",", ":")).encode()
+
+    return announce
