@@ -28,7 +28,7 @@ from edged.core.osthread import name_os_thread
 from edged.core.secrets import check_private
 from edged.core.stats import MqttStats
 from edged.core.threads import DeathHook, Supervised
-from edged.store.spool import Spool
+from edged.store.outlet import Outlet
 from edged.uplink.hooks import Hook, Session
 from edged.uplink.link import Link, Listeners, note_error
 from edged.uplink.mqttclient import (
@@ -69,7 +69,7 @@ class Publisher(Supervised):
         self,
         cfg: MqttConfig,
         device_id: str,
-        spool: Spool,
+        spool: Outlet,
         stats: MqttStats,
         *,
         on_death: DeathHook | None = None,

@@ -24,7 +24,8 @@ import paho.mqtt.client as paho
 
 from edged.core.backoff import Backoff
 from edged.core.stats import MqttStats
-from edged.store.spool import Row, Spool
+from edged.store.outlet import Outlet
+from edged.store.spooldb import Row
 from edged.uplink.brokerlimits import BrokerLimits, publish_size
 from edged.uplink.inflight import InFlight, Message
 from edged.uplink.mqttclient import ExpiryProperties, TokenBucket
@@ -44,7 +45,7 @@ class ResultPump:
     """Spool → broker → spool, for one connection after another (see the module docstring)."""
 
     def __init__(
-        self, cfg: MqttConfig, spool: Spool, stats: MqttStats, wake: Callable[[], None], correct: Correct | None = None
+        self, cfg: MqttConfig, spool: Outlet, stats: MqttStats, wake: Callable[[], None], correct: Correct | None = None
     ) -> None:
         self.cfg = cfg
         self._correct = correct  # a payload on its way out, its time corrected (core/clock.py); None: as stored

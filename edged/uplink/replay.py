@@ -35,7 +35,7 @@ from typing import Any
 from edged.core.errors import InputError
 from edged.core.safejson import loads
 from edged.core.settings import NAME_MAX
-from edged.store.spool import Spool
+from edged.store.outlet import ReplaySource
 from edged.uplink.hooks import Hook, Incoming, Session
 from edged.uplink.mqttclient import TokenBucket
 
@@ -98,7 +98,7 @@ def _request_id(payload: bytes) -> str | None:
 class ReplayRequests(Hook):
     """Listens on the request topic (paho's thread: queue and wake), answers on the edged-mqtt thread."""
 
-    def __init__(self, spool: Spool, device_id: str, topic: str) -> None:
+    def __init__(self, spool: ReplaySource, device_id: str, topic: str) -> None:
         self.spool = spool
         self.device_id = device_id
         self.request_topic = f"{topic}/request"
