@@ -24,7 +24,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from pgserver import PgServer
 
 from edged.fleet.ingest import Ingest, IngestOptions
-from edged.fleet.ingestdb import CorrectionRow, GapRow, ResultRow, StatsRow, open_database
+from edged.fleet.ingestdb import CorrectionRow, GapRow, IngestBatch, ResultRow, StatsRow, open_database
 from edged.fleet.ingestparse import Identity, parse_results
 from edged.fleet.report import build_report
 
@@ -225,7 +225,7 @@ def test_report_says_which_device_lost_what_and_why(tmp_path: Path) -> None:
     rows = [ResultRow("a", "cam0", s, float(s), "{}") for s in [*range(1, 11), *range(15, 21)]]
     rows += [ResultRow("b", "cam0", s, float(s), "{}") for s in [1, 2, 3, 4, 5, 8]]
     stats = {"v": 1, "device": "a", "ts": 5.0, "spool": {"dropped_by_reason": {"expired": 4}, "dead_letters": 0}}
-    db.write(rows, [StatsRow("a", 5.0, json.dumps(stats))])
+    db.write(IngestBatch(rows, [StatsRow("a", 5.0, json.dumps(stats))]))
     db.close()
 
     out = subprocess.run(
@@ -252,7 +252,7 @@ def test_the_report_says_no_rows_and_where_rows_start_plainly(tmp_path: Path) ->
     db = open_database(url)
     rows = [ResultRow("late", "cam0", s, float(s), "{}") for s in range(562, 676)]
     stats = [StatsRow(d, 5.0, json.dumps({"device": d, "spool": {}})) for d in ("late", "quiet")]
-    db.write(rows, stats)
+    db.write(IngestBatch(rows, stats))
     db.close()
     cmd = [sys.executable, "-m", "edged", "ingest", "--report", "--db", url]
     text = subprocess.run(cmd, check=False, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}).stdout
@@ -266,7 +266,7 @@ def test_the_report_fits_80_columns_with_whole_device_names(tmp_path: Path) -> N
     db = open_database(url)
     device, pipeline = "newcomer-warehouse-north-dock-pi-0042", "front-door-camera"
     rows = [ResultRow(device, pipeline, s, float(s), "{}") for s in range(1, 200, 3)]  # many gaps
-    db.write(rows, [])
+    db.write(IngestBatch(rows))
     db.close()
     cmd = [sys.executable, "-m", "edged", "ingest", "--report", "--db", url]
     text = subprocess.run(cmd, check=False, capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"}).stdout
@@ -299,7 +299,7 @@ def test_report_labels_missing_seqs_a_device_declared_uncertain(tmp_path: Path) 
     db = open_database(url)
     rows = [ResultRow("a", "cam0", s, float(s), "{}") for s in [*range(1, 11), *range(31, 41)]]
     gap = GapRow("a", "cam0", 8, 30, json.dumps({"gap": {"first": 8, "last": 30}}))
-    db.write(rows, [StatsRow("a", 5.0, json.dumps({"device": "a", "spool": {}}))], [gap, gap])  # once
+    db.write(IngestBatch(rows, [StatsRow("a", 5.0, json.dumps({"device": "a", "spool": {}}))], [gap, gap]))  # once
     db.close()
     report = build_report(open_database(url))
     (a,) = report["devices"]
@@ -419,14 +419,14 @@ def test_results_stamped_by_an_unsynchronized_clock_are_corrected_whichever_arri
         before = [_flagged("a", s, 86_400.0 + s, "boot-1", 10.0 + s) for s in range(1, 4)]  # mono 11..13
         other_boot = _flagged("a", 4, 86_500.0, "boot-0", 5.0)
         synced = ResultRow("b", "cam0", 1, 1_764_680_000.0, "{}")
-        db.write([*before, other_boot, synced], [])
+        db.write(IngestBatch([*before, other_boot, synced]))
         assert db.clocks() == {"a": {"unsynced": 4, "corrected": 0}}
 
         # the clock synchronized at mono 20 (offset 1_764_680_000) and was stepped back later (a second stretch)
         corrections = [CorrectionRow("a", "boot-1", 20.0, 1_764_680_000.0), CorrectionRow("a", "boot-1", 90.0, 1e9)]
-        db.write([], [], corrections=corrections)
+        db.write(IngestBatch(corrections=corrections))
         late = _flagged("a", 5, 86_600.0, "boot-1", 50.0)  # sent before the correction, arrives after it
-        db.write([late], [], corrections=corrections)  # the clock message again (retained): idempotent
+        db.write(IngestBatch([late], corrections=corrections))  # the clock message again (retained): idempotent
         rows = _rows(db_url, "a")
         assert rows[1] == (1_764_680_011.0, 86_401.0, "corrected")
         assert rows[3] == (1_764_680_013.0, 86_403.0, "corrected")
@@ -458,7 +458,9 @@ def test_a_database_from_before_the_clock_columns_gets_them_and_keeps_its_rows(t
     conn.close()
     db = open_database(str(path))
     try:
-        db.write([_flagged("a", 2, 6.0, "boot", 1.0)], [], corrections=[CorrectionRow("a", "boot", 2.0, 100.0)])
+        db.write(
+            IngestBatch([_flagged("a", 2, 6.0, "boot", 1.0)], corrections=[CorrectionRow("a", "boot", 2.0, 100.0)])
+        )
         assert db.count() == 2
     finally:
         db.close()

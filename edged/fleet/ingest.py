@@ -37,6 +37,7 @@ from edged.fleet.ingestdb import (
     CorrectionRow,
     Database,
     GapRow,
+    IngestBatch,
     QuarantineRow,
     ReplayRow,
     ResultRow,
@@ -120,10 +121,9 @@ class _Parsed:
     answer: dict[str, Any] | None = None  # a device's answer to a replay request (nothing to write)
 
 
-def _batch(
-    parsed: list[_Parsed], now: float
-) -> tuple[list[ResultRow], list[StatsRow], list[GapRow], list[QuarantineRow]]:
-    """The database write of some messages: their rows (one per key), stats, gaps and quarantined ones."""
+def _batch(parsed: list[_Parsed], now: float, replays: list[ReplayRow] | None = None) -> IngestBatch:
+    """The database write of some messages: their rows (one per key), stats, gaps, clock corrections and
+    quarantined ones (and the replay records of this turn)."""
     rows: dict[tuple[str, str, int], ResultRow] = {}
     stats: list[StatsRow] = []
     gaps: list[GapRow] = []
@@ -139,11 +139,8 @@ def _batch(
             rows[(row.device, row.pipeline, row.seq)] = row  # the same result twice in one batch: once
         stats += p.stats
         gaps += p.gaps
-    return list(rows.values()), stats, gaps, quarantine
-
-
-def _corrections(parsed: list[_Parsed]) -> list[CorrectionRow]:
-    return [c for p in parsed if p.refused is None for c in p.corrections]
+    corrections = [c for p in parsed if p.refused is None for c in p.corrections]
+    return IngestBatch(list(rows.values()), stats, gaps, quarantine, replays or [], corrections)
 
 
 @dataclass
@@ -484,7 +481,7 @@ class Ingest:
 
     def _write_isolating(self, parsed: list[_Parsed], now: float, replays: list[ReplayRow]) -> int:
         try:
-            return self.db.write(*_batch(parsed, now), replays, corrections=_corrections(parsed))
+            return self.db.write(_batch(parsed, now, replays))
         except IngestDataError as exc:
             log.warning("ingest: the database refused a batch (%s); writing it message by message", exc)
         inserted = 0
@@ -492,10 +489,10 @@ class Ingest:
             if p.refused is not None:
                 continue
             try:
-                inserted += self.db.write(*_batch([p], now), corrections=_corrections([p]))
+                inserted += self.db.write(_batch([p], now))
             except IngestDataError as exc:
                 p.refused = ("db_refused", str(exc))
-        self.db.write(*_batch([p for p in parsed if p.refused is not None], now), replays)
+        self.db.write(_batch([p for p in parsed if p.refused is not None], now, replays))
         return inserted
 
     def _ack(self, items: list[_Item]) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -172,21 +172,24 @@ GAPS = (
 )
 
 
+@dataclass
+class IngestBatch:
+    """What one transaction of the ingest writes."""
+
+    rows: list[ResultRow] = field(default_factory=list)  # results (a key already there is ignored)
+    stats: list[StatsRow] = field(default_factory=list)  # upserted: the newest per device wins
+    gaps: list[GapRow] = field(default_factory=list)  # gaps the devices declared
+    quarantine: list[QuarantineRow] = field(default_factory=list)  # messages refused, kept for a look
+    replays: list[ReplayRow] = field(default_factory=list)  # what was asked for again, what was gone
+    corrections: list[CorrectionRow] = field(default_factory=list)  # applied to the rows they correct
+
+
 class Database(Protocol):
     """What the ingest needs of a database."""
 
     url: str
 
-    def write(
-        self,
-        rows: list[ResultRow],
-        stats: list[StatsRow],
-        gaps: list[GapRow] | None = None,
-        quarantine: list[QuarantineRow] | None = None,
-        replays: list[ReplayRow] | None = None,
-        *,
-        corrections: list[CorrectionRow] | None = None,
-    ) -> int:
+    def write(self, batch: IngestBatch) -> int:
         """Insert the rows, declared gaps (existing keys ignored), quarantined messages, replay records and clock
         corrections (applied to the rows they correct), and upsert the stats in one transaction; rows inserted.
         IngestDataError when the database refuses the data itself (retrying the same batch cannot help),
@@ -279,33 +282,24 @@ class SqliteDatabase:
         except sqlite3.Error as exc:
             raise IngestError(f"cannot open {path}: {exc}") from exc
 
-    def write(
-        self,
-        rows: list[ResultRow],
-        stats: list[StatsRow],
-        gaps: list[GapRow] | None = None,
-        quarantine: list[QuarantineRow] | None = None,
-        replays: list[ReplayRow] | None = None,
-        *,
-        corrections: list[CorrectionRow] | None = None,
-    ) -> int:
-        conn = self.conn
+    def write(self, batch: IngestBatch) -> int:
+        conn, b = self.conn, batch
         try:
             conn.execute("BEGIN IMMEDIATE")
             before = conn.total_changes
-            conn.executemany(SQLITE_INSERT, rows)
+            conn.executemany(SQLITE_INSERT, b.rows)
             inserted = conn.total_changes - before
-            conn.executemany("INSERT OR IGNORE INTO clock_corrections VALUES (?, ?, ?, ?)", corrections or [])
-            for device, boot in _touched(rows, corrections or []):
+            conn.executemany("INSERT OR IGNORE INTO clock_corrections VALUES (?, ?, ?, ?)", b.corrections)
+            for device, boot in _touched(b.rows, b.corrections):
                 for mono, offset in conn.execute(CORRECTIONS_OF.format(p="?"), (device, boot)).fetchall():
                     conn.execute(CORRECT.format(p="?"), (offset, device, boot, mono))
-            conn.executemany("INSERT OR IGNORE INTO declared_gaps VALUES (?, ?, ?, ?, ?)", gaps or [])
-            conn.executemany("INSERT INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?)", quarantine or [])
-            conn.executemany("INSERT INTO replay_ranges VALUES (?, ?, ?, ?, ?, ?)", replays or [])
+            conn.executemany("INSERT OR IGNORE INTO declared_gaps VALUES (?, ?, ?, ?, ?)", b.gaps)
+            conn.executemany("INSERT INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?)", b.quarantine)
+            conn.executemany("INSERT INTO replay_ranges VALUES (?, ?, ?, ?, ?, ?)", b.replays)
             conn.executemany(
                 "INSERT INTO device_stats VALUES (?, ?, ?) ON CONFLICT (device) DO UPDATE "
                 "SET ts = excluded.ts, body = excluded.body WHERE excluded.ts >= device_stats.ts",
-                stats,
+                b.stats,
             )
             conn.execute("COMMIT")
         except (sqlite3.Error, OverflowError, ValueError) as exc:
@@ -393,37 +387,28 @@ class PostgresDatabase:
             self.conn = None
             raise IngestError(f"cannot open the PostgreSQL database: {_safe(exc)}") from exc
 
-    def write(
-        self,
-        rows: list[ResultRow],
-        stats: list[StatsRow],
-        gaps: list[GapRow] | None = None,
-        quarantine: list[QuarantineRow] | None = None,
-        replays: list[ReplayRow] | None = None,
-        *,
-        corrections: list[CorrectionRow] | None = None,
-    ) -> int:
-        psycopg = self._psycopg
+    def write(self, batch: IngestBatch) -> int:
+        psycopg, b = self._psycopg, batch
         try:
             if self.conn is None or self.conn.closed:
                 self._connect()  # the server restarted: a fresh connection, the batch again
             with self.conn.transaction():
                 inserted = 0
-                if rows:
+                if b.rows:
                     with self.conn.cursor() as cur:
                         with cur.copy("COPY incoming FROM STDIN") as copy:
-                            for row in rows:
+                            for row in b.rows:
                                 copy.write_row(row)
                         inserted = cur.execute(self.INSERT).rowcount
-                for stat in stats:
+                for stat in b.stats:
                     self.conn.execute(self.UPSERT_STATS, stat)
-                for gap in gaps or []:
+                for gap in b.gaps:
                     self.conn.execute(self.INSERT_GAP, gap)
-                for refused in quarantine or []:
+                for refused in b.quarantine:
                     self.conn.execute(self.INSERT_QUARANTINE, refused)
-                for replay in replays or []:
+                for replay in b.replays:
                     self.conn.execute(self.INSERT_REPLAY, replay)
-                self._correct(rows, corrections or [])
+                self._correct(b.rows, b.corrections)
         except (psycopg.DataError, psycopg.IntegrityError, OverflowError, ValueError) as exc:
             # the server refused the data (a NUL in jsonb, a number out of range): the connection is fine, and
             # the same batch would be refused again; the ingest isolates the message and quarantines it
