@@ -101,3 +101,22 @@ def test_a_candidate_whose_outputs_the_decoder_refuses_fails_its_gate_and_says_w
     assert "outside 0..1" in verdict["detection"]["refused_why"]
     assert not verdict["passed"]
     assert any(c["check"] == "frames the decoder refuses <=" and not c["passed"] for c in verdict["checks"])
+
+
+def test_a_box_that_only_crossed_the_score_threshold_is_not_counted_lost() -> None:
+    """fp32 keeps a box at 0.27, int8 has it at 0.24 under the 0.25 threshold: a rounding, not a loss. A box
+    lost at 0.9 counts."""
+    from edged.tools.validate import BoxJudge, _detection
+
+    def box(score: float, x: float = 0.0) -> dict[str, object]:
+        return {"label": "face", "box": [x, 0.0, x + 10.0, 10.0], "score": score}
+
+    frames = {"ref": [box(0.9), box(0.27, 50.0), box(0.8, 100.0)], "int8": [box(0.88), box(0.26, 200.0)]}
+    judge = BoxJudge(lambda outputs: frames[str(outputs[0])], threshold=0.25)
+    got = _detection([["ref"]], [["int8"]], judge)  # type: ignore[list-item]
+    assert (got["matched"], got["borderline"]) == (1, 2)  # 0.27 lost and 0.26 extra: both at the threshold
+    assert got["recall"] == pytest.approx(1 / 2)  # the box lost at 0.8 still counts
+    assert got["precision"] == 1.0
+    assert got["recall_strict"] == pytest.approx(1 / 3)
+    unknown = _detection([["ref"]], [["int8"]], BoxJudge(judge.decode, threshold=None))  # type: ignore[list-item]
+    assert (unknown["borderline"], unknown["recall"]) == (0, pytest.approx(1 / 3))

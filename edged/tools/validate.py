@@ -105,6 +105,21 @@ def _name_classes(cls: dict[str, Any] | None, metadata: dict[str, str]) -> None:
 
 
 Detector = Callable[[list[Tensor]], list[dict[str, Any]]]
+BORDERLINE = 0.05  # a detection scoring within this of the decoder's score threshold can fall either side by rounding
+
+
+@dataclass(frozen=True)
+class BoxJudge:
+    """A detector for judging: the decoder's detections, and the score threshold it keeps them at (None when
+    unknown), so that a detection that only crossed the threshold by rounding is not counted as lost."""
+
+    decode: Detector
+    threshold: float | None
+
+    def __call__(self, outputs: list[Tensor]) -> list[dict[str, Any]]:
+        return self.decode(outputs)
+
+
 ClassMapper = Callable[[list[Tensor]], tuple[npt.NDArray[np.int64], bool]]  # segment: (class map, one-class?)
 
 
@@ -193,7 +208,7 @@ def _pipeline_judge(
     if kind == SEGMENTS:  # its class maps are judged
         class_map = getattr(decode, "class_map", None)
         return ("segment", class_map) if callable(class_map) else ("raw", None)
-    return "detect", lambda outputs: list(decode(outputs)["detections"])
+    return "detect", BoxJudge(lambda outputs: list(decode(outputs)["detections"]), _threshold(post))
 
 
 def detector_for(
@@ -202,14 +217,26 @@ def detector_for(
     """The daemon's own detect postprocessing (defaults, the model's labels), for judging detectors."""
     from edged.model.decoders.detect import DetectConfig, make_detect  # noqa: PLC0415
 
-    post = make_detect(DetectConfig(type="detect"), names, shapes, metadata, input_size)
-    return lambda outputs: list(post(outputs)["detections"])
+    cfg = DetectConfig(type="detect")
+    post = make_detect(cfg, names, shapes, metadata, input_size)
+    return BoxJudge(lambda outputs: list(post(outputs)["detections"]), cfg.score_threshold)
+
+
+def _threshold(post: Any) -> float | None:
+    """The score threshold a decoder keeps detections at (its `score_threshold`), when it has one."""
+    value = getattr(post, "score_threshold", None)
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _detection(outs_a: list[list[Tensor]], outs_b: list[list[Tensor]], detector: Detector) -> dict[str, Any]:
     """Detections of both models matched per frame (same label, IoU >= 0.5, best score first): precision and
-    recall of the candidate against the reference, and how far matched scores drift."""
-    matched = ref_total = cand_total = 0
+    recall of the candidate against the reference, and how far matched scores drift. A detection left unmatched
+    whose score is within BORDERLINE of the decoder's threshold is not counted either way (`borderline`): it
+    sits where any rounding moves it across, and the other model may well have it just under the threshold;
+    `precision_strict` and `recall_strict` count it."""
+    threshold = getattr(detector, "threshold", None)
+    near = (lambda d: float(d["score"]) < threshold + BORDERLINE) if threshold is not None else (lambda _d: False)
+    matched = ref_total = cand_total = ref_borderline = cand_borderline = 0
     drift: list[float] = []
     point_errors: list[float] = []
     refused: list[str] = []  # the candidate's frames the decoder refuses (the daemon would publish nothing)
@@ -228,12 +255,19 @@ def _detection(outs_a: list[list[Tensor]], outs_b: list[list[Tensor]], detector:
                 matched += 1
                 drift.append(abs(float(c["score"]) - float(ref[best]["score"])))
                 point_errors.extend(keypoint_errors(ref[best], c))
+            elif near(c):
+                cand_borderline += 1
+        ref_borderline += sum(1 for i in free if near(ref[i]))
+    ref_counted, cand_counted = ref_total - ref_borderline, cand_total - cand_borderline
     return {
         "reference_detections": ref_total,
         "candidate_detections": cand_total,
         "matched": matched,
-        "precision": matched / cand_total if cand_total else 1.0,
-        "recall": matched / ref_total if ref_total else 1.0,
+        "precision": matched / cand_counted if cand_counted else 1.0,
+        "recall": matched / ref_counted if ref_counted else 1.0,
+        "borderline": ref_borderline + cand_borderline,  # unmatched, within BORDERLINE of the threshold
+        "precision_strict": matched / cand_total if cand_total else 1.0,
+        "recall_strict": matched / ref_total if ref_total else 1.0,
         "score_drift_mean": float(np.mean(drift)) if drift else 0.0,
         "keypoint_error": float(np.mean(point_errors)) if point_errors else None,
         "refused_frames": len(refused),
@@ -484,6 +518,12 @@ def render_validate(report: dict[str, Any], *, wide: bool = False) -> None:
             f"detections: {det['matched']} matched (same label, IoU >= 0.5) of {det['reference_detections']} "
             f"reference / {det['candidate_detections']} candidate: precision {det['precision']:.2%}, recall "
             f"{det['recall']:.2%}, score drift {det['score_drift_mean']:.4f}"
+            + (
+                f"; {det['borderline']} unmatched within {BORDERLINE} of the score threshold not counted (counting "
+                f"them: precision {det['precision_strict']:.2%}, recall {det['recall_strict']:.2%})"
+                if det.get("borderline")
+                else ""
+            )
             + (f", keypoints off by {det['keypoint_error']:.2%} of the box" if det.get("keypoint_error") else "")
         )
     dense = report.get("dense")
