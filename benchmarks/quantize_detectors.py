@@ -168,11 +168,14 @@ def render(rows: list[dict[str, Any]]) -> str:
             f"| {r['model']} (`{r['file']}`, {r['fp32_mb']} MB) | {s['task']} | {written} | {best['speedup']:.2f}x | "
             f"{agree} | {bench} | {r['seconds']:.0f} s | {r['peak_mib']} MiB |"
         )
-    lines.extend(
-        f"\n{r['model']}: " + ", ".join(describe_candidate(c) for c in r["search"]["table"])
-        for r in rows
-        if "search" in r
-    )
+    for r in rows:
+        if "search" not in r:
+            continue
+        lines.append(f"\n{r['model']}: " + ", ".join(describe_candidate(c) for c in r["search"]["table"]))
+        if r["search"].get("search_ended"):
+            lines.append(f"{r['model']}, the mixed-precision search: {r['search']['search_ended']}")
+        if not r["written"]:
+            lines.append(f"{r['model']}, not written: {r['why']}")
     return "\n".join(lines)
 
 
