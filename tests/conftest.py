@@ -508,11 +508,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
+FILE_SECONDS: dict[str, float] = {}  # test file -> seconds of its tests (setup, call, teardown)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add each phase's time to its test file's (EDGED_DURATIONS=FILE writes them: where the suite's time goes)."""
+    name = report.nodeid.split("::", 1)[0]
+    FILE_SECONDS[name] = FILE_SECONDS.get(name, 0.0) + report.duration
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Every reasons line the session saw must be one docs/status.md explains (edged/ops/reasons.py): a new
-    line in the code without a catalog entry fails the run. EDGED_REASONS_SEEN=FILE writes them all."""
+    line in the code without a catalog entry fails the run. EDGED_REASONS_SEEN=FILE writes them all;
+    EDGED_DURATIONS=FILE the seconds per test file, the slowest first."""
     from edged.ops.reasons import explain
 
+    durations = os.environ.get("EDGED_DURATIONS")
+    if durations:
+        ranked = dict(sorted(FILE_SECONDS.items(), key=lambda kv: -kv[1]))
+        Path(durations).write_text(json.dumps({k: round(v, 1) for k, v in ranked.items()}, indent=1), encoding="utf-8")
     out = os.environ.get("EDGED_REASONS_SEEN")
     if out:
         Path(out).write_text("".join(f"{line}\n" for line in sorted(REASONS_SEEN)), encoding="utf-8")
