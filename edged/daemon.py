@@ -40,10 +40,11 @@ from edged.uplink.gapmessage import gap_announcer
 from edged.uplink.homeassistant import STATE_FILE as HA_STATE_FILE
 from edged.uplink.homeassistant import Discovery
 from edged.uplink.hooks import Announce
-from edged.uplink.publisher import Publisher, topic_for
+from edged.uplink.publisher import Publisher
 from edged.uplink.replay import ReplayRequests
 from edged.uplink.sidechannel import SideChannel
 from edged.uplink.statsmessage import StatsMessage
+from edged.uplink.topics import Topics
 
 log = logging.getLogger(__name__)
 
@@ -138,13 +139,14 @@ class Daemon:
         # whether the wall clock is trusted; frames stamped while it is not (core/clock.py)
         self.clock = ClockWatch(config.clock, config.state_dir)
         self.clock.on_change(self._poke)  # a step seen at a frame: wait() asks the time service at once
+        self.topics = Topics(config.mqtt, config.device_id)  # the uplink names every topic (uplink/topics.py)
         self.pipelines = [
             PipelineRunner(
                 p,
                 state_dir=config.state_dir,
                 device_id=config.device_id,
-                topic=topic_for(config.mqtt.topic, config.device_id, p.name),
-                events_topic=topic_for(config.mqtt.events_topic, config.device_id, p.name),
+                topic=self.topics.results(p.name),
+                events_topic=self.topics.events(p.name),
                 on_result=on_result,
                 on_worker_exit=self._poke,
                 source_kwargs=source_kwargs,
@@ -174,7 +176,7 @@ class Daemon:
             self.state_lock = StateLock(cfg.state_dir)  # before anything is opened: one daemon per state_dir
             self.clock.check()  # before the first frame: is the wall clock to be trusted?
             self.spool = Spool(cfg.state_dir / "spool.db", cfg.spool, dead_letter_after=cfg.mqtt.dead_letter_after)
-            self.spool.announce_gaps(gap_announcer(cfg.mqtt, cfg.device_id))
+            self.spool.announce_gaps(gap_announcer(self.topics))
             self.spool.start(on_death=self._fatal)
             self.status_server = StatusServer(cfg.status_socket, self.report.snapshot, cfg.status.mode)
             self.status_server.start()
@@ -183,14 +185,11 @@ class Daemon:
                 self.publisher = Publisher(cfg.mqtt, cfg.device_id, self.spool, self.mqtt_stats, on_death=self._fatal,
                                            correct=self.clock.correct)  # fmt: skip
                 if cfg.mqtt.clock_topic:
-                    clock_topic = topic_for(cfg.mqtt.clock_topic, cfg.device_id)
-                    self.publisher.add_hook(ClockMessage(clock_topic, cfg.device_id, self.clock))
+                    self.publisher.add_hook(ClockMessage(self.topics.clock, cfg.device_id, self.clock))
                 if cfg.mqtt.stats_interval_s:
                     self.publisher.add_hook(StatsMessage(cfg.mqtt, cfg.device_id, self.report.snapshot))
                 if cfg.mqtt.replay_topic and self.spool.window.enabled:
-                    self.replay = ReplayRequests(
-                        self.spool, cfg.device_id, topic_for(cfg.mqtt.replay_topic, cfg.device_id)
-                    )
+                    self.replay = ReplayRequests(self.spool, cfg.device_id, self.topics.replay)
                     self.publisher.add_hook(self.replay)
                 self._wire_control()
                 self._wire_homeassistant()
@@ -224,9 +223,9 @@ class Daemon:
             cfg.homeassistant,
             device_id=cfg.device_id,
             pipelines=cfg.pipelines,
-            results_topic={p.name: topic_for(cfg.mqtt.topic, cfg.device_id, p.name) for p in cfg.pipelines},
-            stats_topic=topic_for(cfg.mqtt.stats_topic, cfg.device_id),
-            availability_topic=topic_for(cfg.mqtt.availability_topic, cfg.device_id),
+            results_topic={p.name: self.topics.results(p.name) for p in cfg.pipelines},
+            stats_topic=self.topics.stats,
+            availability_topic=self.topics.availability,
             stats_interval_s=cfg.mqtt.stats_interval_s,
         )
         self.publisher.add_hook(Announce(lambda: discovery.messages(cfg.state_dir)))

@@ -10,16 +10,16 @@ from collections.abc import Callable
 
 from edged.pipeline.message import gap_message
 from edged.store.seqlease import SeqGap
-from edged.uplink.mqttclient import topic_for
-from edged.uplink.settings import MqttConfig
+from edged.uplink.topics import Topics
 
 
-def gap_announcer(cfg: MqttConfig, device_id: str) -> Callable[[SeqGap], tuple[str, bytes]]:
+def gap_announcer(topics: Topics) -> Callable[[SeqGap], tuple[str, bytes]]:
     """What `Spool.announce_gaps` calls for each gap: (topic, payload)."""
 
     def announce(gap: SeqGap) -> tuple[str, bytes]:
         pipeline = gap.stream.partition("/")[0]
-        body = gap_message(device_id, gap.stream, first=gap.first, last=gap.last, used_to=gap.used_to, ts=time.time())
-        return topic_for(cfg.gaps_topic, device_id, pipeline), json.dumps(body, separators=(",", ":")).encode()
+        body = gap_message(topics.device_id, gap.stream, first=gap.first, last=gap.last, used_to=gap.used_to,
+                           ts=time.time())  # fmt: skip
+        return topics.gaps(pipeline), json.dumps(body, separators=(",", ":")).encode()
 
     return announce
