@@ -18,7 +18,7 @@ from tools_models import make_conv_model, make_frames, make_outlier_model, make_
 
 from edged.model.postprocess import POSTPROCESSORS
 from edged.tools import mixed, recipes, sensitivity
-from edged.tools.quantize import Int8SlowerError, QuantizeOptions, choose, quantize_model
+from edged.tools.quantize import Int8SlowerError, QuantizeOptions, choose, quantize_model, search_base
 
 pytestmark = pytest.mark.integration  # quantizes a model with every candidate recipe
 
@@ -306,3 +306,16 @@ def test_the_search_steps_keep_the_head_first_then_double_the_measured_stretches
     assert [len(s) - 3 for s in got[2:]] == [1, 3, 7]  # then 1, 2, 4 measured stretches more
     small = mixed.steps(head, measured, node_count=10)
     assert (len(small.sets), small.capped, small.cap) == (3, True, 5)  # at most half the graph's nodes
+
+
+def test_the_search_starts_from_the_failing_recipe_that_keeps_the_most() -> None:
+    """PP-PicoDet on the VNNI machine: per-tensor was fastest with 3% of the boxes, u8s8 nearly as fast with 64%."""
+
+    def row(ms: float, value: float, passed: bool = False) -> dict[str, Any]:
+        return {"int8_ms": ms, "passed": passed, "agreement": {"check": "detection recall", "value": value}}
+
+    table = [row(12.0, 0.033), row(12.2, 0.64), row(14.0, 0.64), row(40.0, 0.9), row(11.0, 0.99, passed=True)]
+    whole = [True, True, True, True, False]
+    assert search_base(table, whole, fp32_ms=20.0, structural=True) == 1  # the slow one would not beat fp32
+    assert search_base(table, [False, False, False, True, False], fp32_ms=20.0, structural=True) == 3
+    assert search_base([row(5.0, 0.0), row(4.0, 0.0)], [True, True], fp32_ms=20.0, structural=False) == 1  # a tie
