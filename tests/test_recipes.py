@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -319,3 +320,27 @@ def test_the_search_starts_from_the_failing_recipe_that_keeps_the_most() -> None
     assert search_base(table, whole, fp32_ms=20.0, structural=True) == 1  # the slow one would not beat fp32
     assert search_base(table, [False, False, False, True, False], fp32_ms=20.0, structural=True) == 3
     assert search_base([row(5.0, 0.0), row(4.0, 0.0)], [True, True], fp32_ms=20.0, structural=False) == 1  # a tie
+
+
+def test_after_a_step_that_doubled_the_float_nodes_passed_the_search_bisects_back() -> None:
+    """Two structural groups, then measured batches of 1, 2, 4 and 8: the step of 8 passes, and 4 of them (but
+    not 2) were enough: the bisection finds that set in two tries, and tries nothing smaller."""
+    from edged.tools.quantize import _bisect_back
+
+    head = [mixed.Group("concat", ("c",)), mixed.Group("sigmoid", ("s",))]
+    measured = [mixed.Group(f"m{i}", (f"n{i:02d}",)) for i in range(15)]
+    plan = mixed.steps(head, measured, node_count=1000)
+    step = len(plan.sets) - 1  # the batch of 8
+    assert len(plan.batches[step]) == 8
+    needed = {f"n{i:02d}" for i in range(7 + 4)}  # what passes: the sets before and 4 of the last 8
+    tried: list[int] = []
+
+    def attempt(nodes: tuple[str, ...]) -> bool:
+        tried.append(len(nodes))
+        return needed <= set(nodes)
+
+    best = _bisect_back(plan, step, attempt, deadline=time.monotonic() + 60)
+    assert best is not None
+    assert set(best) == needed | {"c", "s"}
+    assert tried == [2 + 7 + 4, 2 + 7 + 2]  # half of the batch passes, a quarter does not: two tries
+    assert plan.narrower(step, 0) == plan.sets[step - 1]

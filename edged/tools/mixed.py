@@ -18,12 +18,13 @@ Two sources of candidates, in this order:
 
 The search (quantize.py) keeps the structural groups in float one at a time, then the sensitivity groups in
 batches that double (1, 2, 4, ...), judging and timing each model, and stops at the first that passes: more
-float never makes a model faster.
+float never makes a model faster. When that step added several groups, it bisects back over them (twice at
+most): half of them may have been enough, and faster.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from edged.tools.sensitivity import TensorError
@@ -155,6 +156,13 @@ class Plan:
     sets: list[tuple[str, ...]]
     capped: bool
     cap: int  # nodes in float at most
+    batches: list[list[Group]] = field(default_factory=list)  # the groups each set added to the one before
+
+    def narrower(self, step: int, groups: int) -> tuple[str, ...]:
+        """The set before `step` with only the first `groups` groups of that step's batch: for a bisection
+        back from a step that passed (its batch doubled the float nodes; maybe half of them were enough)."""
+        before = set(self.sets[step - 1]) if step else set()
+        return tuple(sorted(before.union(*(g.nodes for g in self.batches[step][:groups]))))
 
 
 def steps(structural: list[Group], measured: list[Group], node_count: int) -> Plan:
@@ -168,15 +176,17 @@ def steps(structural: list[Group], measured: list[Group], node_count: int) -> Pl
         batches.append(measured[start : start + size])
         start, size = start + size, size * 2
     sets: list[tuple[str, ...]] = []
+    added: list[list[Group]] = []
     for batch in batches:
         grown = chosen.union(*(g.nodes for g in batch))
         if grown == chosen:
             continue
         if len(grown) > cap and chosen:  # the first step goes whatever its size (a small model's stretch)
-            return Plan(sets, capped=True, cap=cap)
+            return Plan(sets, capped=True, cap=cap, batches=added)
         chosen = grown
         sets.append(tuple(sorted(chosen)))
-    return Plan(sets, capped=False, cap=cap)
+        added.append(batch)
+    return Plan(sets, capped=False, cap=cap, batches=added)
 
 
 def _names(nodes: list[Any]) -> tuple[str, ...]:

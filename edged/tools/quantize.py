@@ -17,7 +17,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -384,27 +384,54 @@ def _mixed_search(  # noqa: PLR0917  (the search's state)
         log.info("sensitivity not measured: %s", exc)
         measured = []
     reasons = {n: g.why for g in [*reversed(measured), *reversed(structural)] for n in g.nodes}
-    plan = mixed.steps(structural, measured, len(graph.node))
-    kept: tuple[str, ...] = ()
-    for nodes in plan.sets:
-        if time.monotonic() >= deadline:
-            log.info("the mixed-precision search stopped at its time limit")
-            trial.stopped = True
-            break
-        kept = nodes
+
+    def attempt(nodes: tuple[str, ...]) -> bool:
+        """Quantize the base with `nodes` in float, judge and time it, add it to the table; whether it passed."""
         derived = trial.run(base.keeping_in_float(nodes))
         if derived is None:
-            continue
+            return False
         with progress_bar("timing fp32 and int8", recipes.ROUNDS * 2, enabled=trial.opts.progress) as tick:
             again = recipes.time_models([src, derived[1]], trial.name, trial.held[0], tick)
         tried.append(derived)  # its time, in this run's fp32 terms: the ratio is what the two runs share
         row = _row(derived[0], derived[2], fp32_ms * again[1] / again[0], fp32_ms)
         row["float_for"] = sorted({reasons[n] for n in nodes if n in reasons})
         table.append(row)
-        if row["passed"]:
-            trial.ended = f"passed with {len(nodes)} of {len(graph.node)} nodes in float"
+        return bool(row["passed"])
+
+    plan = mixed.steps(structural, measured, len(graph.node))
+    kept: tuple[str, ...] = ()
+    for step, nodes in enumerate(plan.sets):
+        if time.monotonic() >= deadline:
+            log.info("the mixed-precision search stopped at its time limit")
+            trial.stopped = True
+            break
+        kept = nodes
+        if attempt(nodes):
+            fewest = _bisect_back(plan, step, attempt, deadline) or nodes
+            trial.ended = f"passed with {len(fewest)} of {len(graph.node)} nodes in float"
             return
     trial.ended = _search_end(trial, plan, len(kept), len(graph.node))
+
+
+BISECT_STEPS = 2  # tries back from a passing step that added several groups at once
+
+
+def _bisect_back(
+    plan: mixed.Plan, step: int, attempt: Callable[[tuple[str, ...]], bool], deadline: float
+) -> tuple[str, ...] | None:
+    """After `step` passed: fewer of the groups it added, halving (BISECT_STEPS tries at most, within the
+    deadline); the smallest set that passed, or None when none of these did."""
+    lo, hi, best = 0, len(plan.batches[step]), None  # lo groups failed (the step before), hi passed
+    for _ in range(BISECT_STEPS):
+        if hi - lo < 2 or time.monotonic() >= deadline:
+            break
+        mid = (lo + hi) // 2
+        nodes = plan.narrower(step, mid)
+        if attempt(nodes):
+            hi, best = mid, nodes
+        else:
+            lo = mid
+    return best
 
 
 def search_base(table: list[dict[str, Any]], whole: list[bool], fp32_ms: float, *, structural: bool) -> int:
