@@ -162,6 +162,8 @@ def render(rows: list[dict[str, Any]]) -> str:
         chosen = next((c for c in s["table"] if c["recipe"] == s["chosen"]), None)
         best = chosen or max((c for c in s["table"] if c["speedup"]), key=lambda c: c["speedup"])
         agree = f"{best['agreement']['check']} {best['agreement']['value']:.3f}" if best["agreement"] else "-"
+        precision = (best.get("measures") or {}).get("detection precision")
+        agree += f", precision {precision:.3f}" if precision is not None else ""
         written = s["chosen"] if r["written"] else f"none written ({'slower' if s['chosen'] else 'no recipe passed'})"
         bench = f"{r['bench_speedup']:.2f}x" if r.get("bench_speedup") else "-"
         lines.append(

@@ -526,6 +526,9 @@ def _row(r: recipes.Recipe, verdict: dict[str, Any], ms: float, fp32_ms: float) 
         "speedup": round(fp32_ms / ms, 3) if ms > 0 else None,
         "task": verdict["task"],
         "agreement": {"check": shown["check"].removesuffix(" >="), "value": round(float(shown["value"]), 5)},
+        "measures": {
+            c["check"].removesuffix(" >=").removesuffix(" <="): round(float(c["value"]), 5) for c in verdict["checks"]
+        },  # fmt: skip  (every gate's figure: precision beside recall)
         "passed": verdict["passed"],
         "why": _why(failed, verdict),
     }
