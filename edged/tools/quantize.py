@@ -528,7 +528,7 @@ def _row(r: recipes.Recipe, verdict: dict[str, Any], ms: float, fp32_ms: float) 
         "agreement": {"check": shown["check"].removesuffix(" >="), "value": round(float(shown["value"]), 5)},
         "measures": {
             c["check"].removesuffix(" >=").removesuffix(" <="): round(float(c["value"]), 5) for c in verdict["checks"]
-        },  # fmt: skip  (every gate's figure: precision beside recall)
+        },  # every gate's figure: precision beside recall
         "passed": verdict["passed"],
         "why": _why(failed, verdict),
     }
