@@ -1,13 +1,15 @@
 """The store's parts on their own, on real SQLite files: the outbox (what the next commit writes), the batch
-writer (one commit, one transaction), the gap log. The spool that wires them is tested in test_spool.py."""
+writer (one commit, one transaction), eviction (TTL, `max_bytes` with `on_full`), recovery (what a crash
+left), the gap log. The spool that wires them is tested in test_spool.py."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
-from edged.store import spooldb
+from edged.store import recovery, spooldb
 from edged.store.batchwrite import BatchWriter
-from edged.store.eviction import Totals
+from edged.store.eviction import Totals, expire, make_room
 from edged.store.gaplog import GAPS_KEPT, GapLog
 from edged.store.outbox import Outbox
 from edged.store.policy import Durability
@@ -71,3 +73,36 @@ def test_the_gap_log_counts_a_gap_declared_twice_once_and_keeps_the_last_few() -
     for i in range(GAPS_KEPT + 5):
         log.note([SeqGap("cam1/results", 100 * i + 1, 100 * i + 2)])
     assert len(log.entries) == GAPS_KEPT
+
+
+def stored(tmp_path: Path, rows: list[Row]) -> tuple[sqlite3.Connection, Totals]:
+    conn = spooldb.connect(tmp_path / "spool.db", Durability.of(SpoolConfig()))
+    spooldb.insert(conn, rows)
+    return conn, Totals(depth=len(rows), bytes=sum(len(r.payload) for r in rows))
+
+
+def test_the_ttl_and_a_full_spool_drop_rows_counted_by_reason(tmp_path: Path) -> None:
+    old = [row(i, i, b"x" * 10)._replace(clock=float(i)) for i in (1, 2, 3)]
+    conn, n = stored(tmp_path, old)
+    expire(conn, n, cutoff=2.5, keep={1})  # rows before 2.5 on the spool clock go, unless an ack keeps them
+    assert (n.depth, n.bytes, n.dropped) == (2, 20, {"expired": 1})
+    new = [row(i, i, b"y" * 10) for i in (4, 5)]
+    admitted = make_room(conn, new, n, keep=set(), cap=30, on_full="drop_oldest")
+    assert [r.id for r in admitted] == [4, 5]
+    assert n.dropped["full_evicted_oldest"] == 1  # 10 bytes of the oldest made room for 20
+    refused = make_room(conn, [row(6, 6, b"z" * 50)], n, keep=set(), cap=30, on_full="drop_newest")
+    assert (refused, n.dropped["full_rejected_newest"]) == ([], 1)
+
+
+def test_recovery_checks_a_small_or_uncleanly_closed_spool_before_start(tmp_path: Path) -> None:
+    path = tmp_path / "spool.db"
+    policy = Durability.of(SpoolConfig())
+    conn, moved, state, later = recovery.open_spool(path, policy)
+    conn.close()
+    assert (moved, state["depth"], later) == (None, 0, False)  # new, small: checked now, nothing to do later
+    path.write_bytes(b"not a database" * 100)  # what a torn disk can leave
+    conn, moved, state, later = recovery.open_spool(path, policy)
+    conn.close()
+    assert moved is not None  # moved aside for forensics; a fresh spool starts
+    assert moved.exists()
+    assert state["depth"] == 0
