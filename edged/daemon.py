@@ -189,7 +189,7 @@ class Daemon:
                 if cfg.mqtt.stats_interval_s:
                     self.publisher.add_hook(StatsMessage(cfg.mqtt, cfg.device_id, self.report.snapshot))
                 if cfg.mqtt.replay_topic and self.spool.window.enabled:
-                    self.replay = ReplayRequests(self.spool, cfg.device_id, self.topics.replay)
+                    self.replay = ReplayRequests(self.spool.replay, cfg.device_id, self.topics.replay)
                     self.publisher.add_hook(self.replay)
                 self._wire_control()
                 self._wire_homeassistant()

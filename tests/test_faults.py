@@ -335,7 +335,7 @@ def test_disk_full_evicts_early_never_crashes_and_resumes_when_space_returns(tmp
             small / "s.db", SpoolConfig(batch_ms=5, max_bytes=10**9, min_free_bytes=3 * mib, ballast_bytes=mib)
         )
         spool.start()
-        assert spool.ballast.present
+        assert spool.space.ballast.present
         filler = small / "filler"
         filler.write_bytes(b"\0" * (shutil.disk_usage(small).free - 8 * mib))  # leave 8 MiB
         for _ in range(6000):  # 6 MB of results: more than fits above the 3 MiB reserve

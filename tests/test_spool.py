@@ -57,7 +57,7 @@ def test_commits_a_partial_batch_when_batch_ms_passes(tmp_path: Path) -> None:
 
 def test_wal_mode_and_sync_setting(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "s.db", SpoolConfig(sync="full"))
-    conn = spool._wconn  # noqa: SLF001  (synchronous is a setting of the writer's own connection)
+    conn = spool.writer.conn  # synchronous is a setting of the writer's own connection
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     spool.close()
@@ -172,7 +172,7 @@ def test_ttl_runs_on_a_clock_that_ignores_wall_clock_jumps(tmp_path: Path, monke
     add_sized(spool, 1)
     assert spool.stats()["depth"] == 4
     # the spool clock moving past the TTL does expire them (stands in for an hour of running)
-    monkeypatch.setattr(spool, "_clock_base", spool._clock_base + 3601)  # noqa: SLF001  (an hour passes)
+    monkeypatch.setattr(spool.ledger, "_clock_base", spool.ledger._clock_base + 3601)  # noqa: SLF001  (an hour passes)
     add_sized(spool, 1)
     stats = spool.stats()
     assert stats["dropped_by_reason"] == {"expired": 4}
@@ -182,7 +182,7 @@ def test_ttl_runs_on_a_clock_that_ignores_wall_clock_jumps(tmp_path: Path, monke
 
 def test_the_spool_clock_persists_across_restarts(tmp_path: Path) -> None:
     spool = policy_spool(tmp_path)
-    spool._clock_base = 1000.0  # noqa: SLF001  (the spool clock, set to a known value)
+    spool.ledger._clock_base = 1000.0  # noqa: SLF001  (the spool clock, set to a known value)
     add_sized(spool, 1)
     spool.close()
     again = Spool(tmp_path / "s.db")
@@ -528,6 +528,6 @@ def test_status_counts_acknowledged_results_on_their_way_to_the_replay_window(tm
     assert before["bytes"] > 0
     assert spool.flush()
     assert spool.stats()["replay_window"] == before  # in the table now: the same rows, counted once
-    rows, _ = spool.window_rows("cam0", 1, 4, 4)
+    rows, _ = spool.replay.window_rows("cam0", 1, 4, 4)
     assert [r.seq for r in rows] == [1, 2, 3, 4]
     spool.close()

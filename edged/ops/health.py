@@ -21,6 +21,7 @@ from edged.ops.metrics import MetricsServer, TextfileWriter
 from edged.ops.reload import Reloader
 from edged.ops.status import StatusServer
 from edged.pipeline.runner import PipelineRunner
+from edged.store.capacity import describe
 from edged.store.spool import Spool
 from edged.uplink.publisher import Publisher
 from edged.uplink.replay import ReplayRequests
@@ -74,7 +75,7 @@ class Report:
         d = self.parts
         owned: list[Supervised | None] = [d.publisher, d.status_server, d.reloader, d.controller, *d.metrics]
         if d.spool is not None:
-            owned += [d.spool.writer, d.spool.seqs.renewer]
+            owned += [d.spool.writer.thread, d.spool.seqs.renewer]
         if spool is None:
             spool = d.spool.stats() if d.spool is not None else {}
         return [
@@ -126,6 +127,7 @@ class Report:
         broker = "connected" if d.mqtt_stats.connected else "disconnected"
         if not d.config.mqtt.enabled:
             broker = "disabled"
-        capacity = d.spool.capacity_text() if d.spool is not None else "unknown"
+        seconds = d.spool.stats().get("capacity_s") if d.spool is not None else None
+        capacity = describe(seconds if isinstance(seconds, int | float) else None)  # `3 d 4 h`, `unknown`
         clock = "synchronized" if d.clock.synced else "unsynchronized"
         return f"{self.health()}: {fps} spool={depth} capacity={capacity.replace(' ', '')} mqtt={broker} clock={clock}"

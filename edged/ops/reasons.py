@@ -21,7 +21,7 @@ from edged.core.stats import REFUSED_WINDOW_S, MqttStats
 from edged.core.threads import Supervised
 from edged.pipeline.runner import PipelineRunner
 from edged.store.capacity import describe
-from edged.store.spool import RECENT_S
+from edged.store.writer import RECENT_S
 
 ACK_STALL_S = 30.0  # connected, results waiting, and no PUBACK for this long: the broker is stuck
 

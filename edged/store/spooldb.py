@@ -10,8 +10,9 @@ import json
 import logging
 import os
 import sqlite3
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -105,6 +106,26 @@ def connect(path: Path, policy: Durability, timeout: float = 30.0) -> sqlite3.Co
         # first start must not leave a WAL whose database file name was never made durable
         fsync_dir(path.parent)
     return conn
+
+
+class Reader:
+    """The spool's read connection, one user at a time: status, the uplink's fetch and replay requests read
+    from different threads, beside the writer's own connection."""
+
+    def __init__(self, path: Path, policy: Durability) -> None:
+        self._conn = connect(path, policy)
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[sqlite3.Connection]:
+        """The connection, held for the `with` block."""
+        with self._lock:
+            yield self._conn
+
+    def close(self) -> None:
+        """Close the connection (after its last user)."""
+        with self._lock:
+            self._conn.close()
 
 
 def open_checked(
