@@ -480,12 +480,12 @@ def test_a_broker_that_refuses_only_the_clock_topic_still_gets_an_ingest_that_sa
     granted, refused = ReasonCode(PacketTypes.SUBACK, "Granted QoS 1"), ReasonCode(PacketTypes.SUBACK, "Not authorized")
     try:
         with caplog.at_level("WARNING", logger="edged.fleet.ingest"):
-            ingest._on_subscribe(ingest.client, None, 1, [granted] * 4 + [refused], None)  # noqa: SLF001
+            ingest.link._on_subscribe(ingest.link.client, None, 1, [granted] * 4 + [refused], None)  # noqa: SLF001
         assert ingest.wait_connected(0)
         assert any("refused edged/+/clock" in r.getMessage() and "stay as stamped" in r.getMessage()
                    for r in caplog.records)  # fmt: skip
-        ingest._connected.clear()  # noqa: SLF001
-        ingest._on_subscribe(ingest.client, None, 2, [refused] + [granted] * 4, None)  # noqa: SLF001
+        ingest.link.connected.clear()
+        ingest.link._on_subscribe(ingest.link.client, None, 2, [refused] + [granted] * 4, None)  # noqa: SLF001
         assert not ingest.wait_connected(0)
     finally:
         ingest.db.close()
