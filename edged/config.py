@@ -312,9 +312,16 @@ def _dotted(path: Iterable[str | int]) -> str:
     return out
 
 
+SHOW_MAX = 240  # a value in an error line at most: a whole path of any sensible depth, never a pasted blob
+
+
 def _show(value: Any) -> str:
+    """A value for an error line, bounded: a longer one keeps its head and its tail (a path's file name)."""
     text = json.dumps(value, default=str) if not isinstance(value, str) else value
-    return text if len(text) <= 80 else text[:77] + "..."
+    if len(text) <= SHOW_MAX:
+        return text
+    half = (SHOW_MAX - 3) // 2
+    return text[:half] + "..." + text[-half:]
 
 
 def _message(err: Any) -> str:

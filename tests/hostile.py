@@ -41,6 +41,12 @@ HOSTILE: dict[str, tuple[bytes, int, str]] = {
     "not utf-8": (b"device_id: x\nstate_dir: /var/lib/\xff\xfeedged\n", 2, "not UTF-8"),
     "duplicate key": (b"device_id: a\nstate_dir: /tmp/x\ndevice_id: b\n", 3, "key given twice"),
     "50 MB": (b"device_id: x\n# " + b"y" * (50 * 2**20) + b"\n", 1, "larger than"),
+    "a name over 255 bytes": (
+        b"device_id: x\nstate_dir: /var/lib/" + b"n" * 300 + b"\npipelines:\n  - name: c\n"
+        b"    source: {type: camera, uri: /dev/video0}\n    model: {path: /tmp/" + b"m" * 300 + b".onnx}\n",
+        6,
+        "cannot look up the model file: File name too long",
+    ),
 }
 
 

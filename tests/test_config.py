@@ -206,3 +206,16 @@ def test_a_missing_video_file_is_refused_but_an_absent_camera_or_stream_waits(
         load_config(path)
     (problem,) = err.value.problems
     assert problem.startswith(f"{path}:5 pipelines[0].source.uri=cam.avi: video file not found: {tmp_path}/cam.avi")
+
+
+def test_a_long_value_in_an_error_keeps_its_head_and_its_file_name(tmp_path: Path, tiny_model: Path) -> None:
+    """A deep path is shown whole up to SHOW_MAX characters; a longer value keeps both ends, bounded."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60) / "missing-model.onnx"
+    (problem,) = problems(write(tmp_path, GOOD, deep))
+    assert f"model.path={deep}:" in problem  # ~200 characters: whole (the xdist workers' tmp paths are deep too)
+    huge = "/" + "x" * 10_000 + "/the-end.onnx"
+    (problem,) = problems(write(tmp_path, GOOD, Path(huge)))
+    assert "model.path=/xxx" in problem
+    assert "...x" in problem
+    assert "/the-end.onnx" in problem
+    assert len(problem) < 1_000

@@ -60,9 +60,13 @@ class ModelConfig(Strict):
     @classmethod
     def _model_exists(cls, value: Path, info: ValidationInfo) -> Path:
         path = from_config_dir(value, (info.context or {}).get("base_dir"))
-        if not path.exists():
+        try:  # Python 3.11's exists() raises on a name the system cannot look up (over 255 bytes, ...)
+            exists, is_file = path.exists(), path.is_file()
+        except OSError as exc:
+            raise ValueError(f"cannot look up the model file: {exc.strerror}") from None
+        if not exists:
             raise ValueError(f"model file not found: {path}; {_missing_model_hint(path)}")
-        if not path.is_file():
+        if not is_file:
             raise ValueError(f"model path is not a file: {path}")
         return path
 
@@ -110,6 +114,6 @@ def _missing_model_hint(path: Path) -> str:
     """What to do about a missing model file. The example configs name edged's sample models where the
     installer puts them (/var/lib/edged/models); checked from a checkout, they are not there yet."""
     bundled = Path(str(files("edged") / "assets" / path.name))
-    if path.suffix == ".onnx" and bundled.is_file():
+    if path.suffix == ".onnx" and len(path.name) < 200 and bundled.is_file():  # a longer name is no sample's
         return f"it is one of edged's sample models, which deploy/install.sh copies there; or set model.path: {bundled}"
     return "check model.path"

@@ -31,11 +31,14 @@ SYSTEM_DIRS = frozenset(Path(p) for p in f"{_SYSTEM} {_SYSTEM_SUB} /tmp".split("
 def state_dir_problem(path: Path, *, as_daemon: bool) -> str | None:
     """Why `path` cannot be edged's state folder: not a folder, a folder of the system (a pushed `state_dir:
     /etc` would spread edged's files there), or (for the daemon itself) not writable."""
-    if path.exists() and not path.is_dir():
-        return "not a folder"
-    if path.resolve() in SYSTEM_DIRS:
-        return "a folder of the system; give edged a folder of its own (/var/lib/edged)"
-    return _writable_problem(path) if as_daemon else None
+    try:  # Python 3.11's exists() raises on a name the system cannot look up (over 255 bytes, a loop, ...)
+        if path.exists() and not path.is_dir():
+            return "not a folder"
+        if path.resolve() in SYSTEM_DIRS:
+            return "a folder of the system; give edged a folder of its own (/var/lib/edged)"
+        return _writable_problem(path) if as_daemon else None
+    except (OSError, RuntimeError) as exc:  # RuntimeError: resolve() in a loop of links
+        return f"cannot look it up: {getattr(exc, 'strerror', None) or exc}"
 
 
 def _writable_problem(path: Path) -> str | None:
