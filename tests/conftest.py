@@ -517,20 +517,49 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     FILE_SECONDS[name] = FILE_SECONDS.get(name, 0.0) + report.duration
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's own folder where pytest-xdist's workers leave the reasons lines they saw (the controller's
+    sessionfinish holds them all to the catalog): set before the workers start, so they inherit it."""
+    if not hasattr(config, "workerinput"):
+        os.environ["EDGED_REASONS_SHARE"] = tempfile.mkdtemp(prefix="edged-reasons-")
+
+
+def _gathered_reasons(session: pytest.Session) -> set[str] | None:
+    """Every reasons line the run saw: a worker leaves its own in the share (and gets None), the controller
+    (or a run without workers) gathers them all."""
+    share = os.environ.get("EDGED_REASONS_SHARE")
+    worker: dict[str, Any] | None = getattr(session.config, "workerinput", None)
+    if worker is not None:
+        if share:
+            lines = "".join(f"{line}\n" for line in sorted(REASONS_SEEN))
+            Path(share, f"{worker['workerid']}.txt").write_text(lines, encoding="utf-8")
+        return None
+    seen = set(REASONS_SEEN)
+    if share:
+        for part in Path(share).glob("*.txt"):
+            seen.update(part.read_text(encoding="utf-8").splitlines())
+        shutil.rmtree(share, ignore_errors=True)
+    return seen
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Every reasons line the session saw must be one docs/status.md explains (edged/ops/reasons.py): a new
     line in the code without a catalog entry fails the run. EDGED_REASONS_SEEN=FILE writes them all;
-    EDGED_DURATIONS=FILE the seconds per test file, the slowest first."""
+    EDGED_DURATIONS=FILE the seconds per test file, the slowest first. Under pytest-xdist each worker hands its
+    lines to the controller, which checks and writes (its logreport hook sees every worker's durations)."""
     from edged.ops.reasons import explain
 
+    seen = _gathered_reasons(session)
+    if seen is None:
+        return
     durations = os.environ.get("EDGED_DURATIONS")
     if durations:
         ranked = dict(sorted(FILE_SECONDS.items(), key=lambda kv: -kv[1]))
         Path(durations).write_text(json.dumps({k: round(v, 1) for k, v in ranked.items()}, indent=1), encoding="utf-8")
     out = os.environ.get("EDGED_REASONS_SEEN")
     if out:
-        Path(out).write_text("".join(f"{line}\n" for line in sorted(REASONS_SEEN)), encoding="utf-8")
-    unknown = sorted(line for line in REASONS_SEEN if explain(line) is None)
+        Path(out).write_text("".join(f"{line}\n" for line in sorted(seen)), encoding="utf-8")
+    unknown = sorted(line for line in seen if explain(line) is None)
     if unknown:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
