@@ -231,8 +231,8 @@ def postgres() -> Iterator[str | None]:
 def sim_worker(args: argparse.Namespace) -> int:
     """One worker process: `--count` simulated devices (Spool + Publisher each) producing for `--duration` s,
     then draining; prints {device: last seq} and the results left in spools as JSON."""
-    from edged.core.stats import MqttStats
     from edged.store.spool import Spool, SpoolConfig
+    from edged.uplink.mqttstats import MqttStats
     from edged.uplink.publisher import Publisher
     from edged.uplink.settings import MqttConfig
 

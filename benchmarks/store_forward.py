@@ -249,8 +249,8 @@ def fill_spool(path: Path, n: int) -> tuple[float, float]:
 
 def child_drain_edged(db: Path, port: int) -> dict[str, Any]:
     """(child) Drain the spool with edged's Publisher until depth 0."""
-    from edged.core.stats import MqttStats
     from edged.store.spool import Spool
+    from edged.uplink.mqttstats import MqttStats
     from edged.uplink.publisher import Publisher
     from edged.uplink.settings import MqttConfig
 

@@ -18,7 +18,6 @@ from edged.control.controller import Controller
 from edged.core.clock import ClockWatch
 from edged.core.durable import make_dirs
 from edged.core.errors import EdgedError
-from edged.core.stats import MqttStats
 from edged.core.waker import Waker
 from edged.model import engines
 from edged.model.session import CPU, TENSORRT, select_providers, share_cores, usable_cores
@@ -40,6 +39,7 @@ from edged.uplink.gapmessage import gap_announcer
 from edged.uplink.homeassistant import STATE_FILE as HA_STATE_FILE
 from edged.uplink.homeassistant import Discovery
 from edged.uplink.hooks import Announce
+from edged.uplink.mqttstats import MqttStats
 from edged.uplink.publisher import Publisher
 from edged.uplink.replay import ReplayRequests
 from edged.uplink.sidechannel import SideChannel

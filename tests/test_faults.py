@@ -29,9 +29,9 @@ from conftest import (
     write_config,
 )
 
-from edged.core.stats import MqttStats
 from edged.store.seqlease import LEASE_MAX
 from edged.store.spool import Spool, SpoolConfig
+from edged.uplink.mqttstats import MqttStats
 from edged.uplink.publisher import Publisher
 from edged.uplink.settings import MqttConfig
 

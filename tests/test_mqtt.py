@@ -17,9 +17,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from edged.core.stats import MqttStats
 from edged.store.spool import Spool, SpoolConfig
 from edged.uplink.inflight import InFlight, Message
+from edged.uplink.mqttstats import MqttStats
 from edged.uplink.publisher import PackedProperties, Publisher, stop_network_thread, topic_for
 from edged.uplink.settings import MqttConfig
 from edged.uplink.statsmessage import StatsMessage

@@ -14,13 +14,13 @@ import pytest
 from conftest import StartDaemon, base_config, free_port, make_video, wait_for, write_config
 
 from edged.config import config_from_dict
-from edged.core import stats as stats_module
 from edged.core.errors import StatusError
-from edged.core.stats import MqttStats
 from edged.daemon import Daemon
 from edged.ops.reasons import explain
 from edged.ops.status import StatusServer, exit_code, query
 from edged.ops.statusview import duration, render
+from edged.uplink import mqttstats as stats_module
+from edged.uplink.mqttstats import MqttStats
 
 
 def test_server_answers_with_a_snapshot_and_is_not_world_writable(tmp_path: Path) -> None:

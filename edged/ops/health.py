@@ -14,7 +14,6 @@ from edged.config import Config
 from edged.control.controller import Controller
 from edged.core.clock import ClockWatch
 from edged.core.histogram import Histogram
-from edged.core.stats import MqttStats
 from edged.core.threads import Supervised
 from edged.ops import reasons
 from edged.ops.metrics import MetricsServer, TextfileWriter
@@ -23,7 +22,7 @@ from edged.ops.status import StatusServer
 from edged.pipeline.runner import PipelineRunner
 from edged.store.capacity import describe
 from edged.store.spool import Spool
-from edged.uplink.publisher import Publisher
+from edged.uplink.mqttstats import MqttStats
 from edged.uplink.replay import ReplayRequests
 
 
@@ -45,7 +44,7 @@ class Parts(Protocol):
     @property
     def spool(self) -> Spool | None: ...
     @property
-    def publisher(self) -> Publisher | None: ...
+    def publisher(self) -> Supervised | None: ...
     @property
     def status_server(self) -> StatusServer | None: ...
     @property

@@ -17,11 +17,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from edged.core.stats import REFUSED_WINDOW_S, MqttStats
+from edged.core.stats import REFUSED_WINDOW_S
 from edged.core.threads import Supervised
 from edged.pipeline.runner import PipelineRunner
 from edged.store.capacity import describe
 from edged.store.writer import RECENT_S
+from edged.uplink.mqttstats import MqttStats
 
 ACK_STALL_S = 30.0  # connected, results waiting, and no PUBACK for this long: the broker is stuck
 

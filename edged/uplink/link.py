@@ -16,10 +16,10 @@ from typing import Any
 
 import paho.mqtt.client as paho
 
-from edged.core.stats import MqttStats
 from edged.uplink.brokerlimits import BrokerLimits, describe_disconnect, describe_reason
 from edged.uplink.hooks import Hook, Incoming, Session
 from edged.uplink.inflight import InFlight
+from edged.uplink.mqttstats import MqttStats
 from edged.uplink.reconnect import TAKEOVER_COUNT, TAKEOVER_WINDOW_S, Takeover
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,6 @@ import paho.mqtt.client as paho
 
 from edged.core.osthread import name_os_thread
 from edged.core.secrets import check_private
-from edged.core.stats import MqttStats
 from edged.core.threads import DeathHook, Supervised
 from edged.store.outlet import Outlet
 from edged.uplink.hooks import Hook, Session
@@ -39,6 +38,7 @@ from edged.uplink.mqttclient import (
     new_client,
     topic_for,
 )
+from edged.uplink.mqttstats import MqttStats
 from edged.uplink.pump import Correct, ResultPump
 from edged.uplink.reconnect import Reconnect, next_protocol
 from edged.uplink.settings import MqttConfig

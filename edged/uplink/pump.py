@@ -23,12 +23,12 @@ from collections.abc import Callable
 import paho.mqtt.client as paho
 
 from edged.core.backoff import Backoff
-from edged.core.stats import MqttStats
 from edged.store.outlet import Outlet
 from edged.store.spooldb import Row
 from edged.uplink.brokerlimits import BrokerLimits, publish_size
 from edged.uplink.inflight import InFlight, Message
 from edged.uplink.mqttclient import ExpiryProperties, TokenBucket
+from edged.uplink.mqttstats import MqttStats
 from edged.uplink.settings import MqttConfig
 
 log = logging.getLogger(__name__)
