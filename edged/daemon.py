@@ -108,6 +108,34 @@ class ControlPort:
         raise EdgedError(f"no pipeline {name!r}")
 
 
+def control_hooks(cfg: Config, publisher: Publisher, port: ControlPort) -> Controller | None:
+    """Remote control (off unless `control:` is configured) rides on the publisher's connection: the controller
+    and its side channel (replies, events and the reported state: not spooled, before the next results)."""
+    if cfg.control is None:
+        return None
+    side = SideChannel()
+    publisher.add_hook(side)
+    controller = Controller(cfg.control, cfg.device_id, cfg.state_dir, target=port, side=side)
+    publisher.add_hook(controller)  # its command topics ride on the connection
+    return controller
+
+
+def discovery_hook(cfg: Config, topics: Topics) -> Announce | None:
+    """Home Assistant discovery on each connection; also when it was turned off, to remove the entities."""
+    if not (cfg.homeassistant.enabled or (cfg.state_dir / HA_STATE_FILE).exists()):
+        return None
+    discovery = Discovery(
+        cfg.homeassistant,
+        device_id=cfg.device_id,
+        pipelines=cfg.pipelines,
+        results_topic={p.name: topics.results(p.name) for p in cfg.pipelines},
+        stats_topic=topics.stats,
+        availability_topic=topics.availability,
+        stats_interval_s=cfg.mqtt.stats_interval_s,
+    )
+    return Announce(lambda: discovery.messages(cfg.state_dir))
+
+
 class Daemon:
     """Owns every thread. `start()` then `wait()` then `stop()`; `request_stop()` from anywhere."""
 
@@ -120,11 +148,9 @@ class Daemon:
         source_kwargs: dict[str, Any] | None = None,
         candidate_check: Sequence[str] = (),
     ) -> None:
-        self.config = config
         # the command that judges a rollout's model in a child process (edged.tools.candidate, handed in by
         # the CLI: the daemon never names a later stage); empty: rollouts are refused
         self.candidate_check = list(candidate_check)
-        self.reloader = Reloader(self, config_path)
         self.state = "starting"
         self.started = time.monotonic()
         # wait() sleeps on this; a stop request, a SIGHUP or an inference worker that ended pokes it (safe
@@ -155,6 +181,7 @@ class Daemon:
             )
             for p in config.pipelines
         ]
+        self.reloader = Reloader(config, self.pipelines, config_path)  # owns the running config from here on
         self.spool: Spool | None = None
         self.left_in_spool = 0  # results still waiting for the broker when stop() finished
         self.publisher: Publisher | None = None
@@ -164,6 +191,11 @@ class Daemon:
         self.replay: ReplayRequests | None = None  # answers consumers' replay requests (uplink/replay.py)
         self.metrics: list[MetricsServer | TextfileWriter] = []
         self.report = Report(self)  # the status JSON, health and reasons: a pure read of the parts above
+
+    @property
+    def config(self) -> Config:
+        """The running config (a reload replaces it: ops/reload.py owns it)."""
+        return self.reloader.config
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -191,8 +223,10 @@ class Daemon:
                 if cfg.mqtt.replay_topic and self.spool.window.enabled:
                     self.replay = ReplayRequests(self.spool.replay, cfg.device_id, self.topics.replay)
                     self.publisher.add_hook(self.replay)
-                self._wire_control()
-                self._wire_homeassistant()
+                self.controller = control_hooks(cfg, self.publisher, ControlPort(
+                    self.reloader, self.pipelines, self.report.snapshot, self.candidate_check))  # fmt: skip
+                if (announce := discovery_hook(cfg, self.topics)) is not None:
+                    self.publisher.add_hook(announce)
             models = self._load_models()
         except EdgedError:
             self.publisher = None
@@ -213,37 +247,6 @@ class Daemon:
             len(self.pipelines),
             cfg.status_socket,
         )
-
-    def _wire_homeassistant(self) -> None:
-        """Home Assistant discovery on each connection; also when it was turned off, to remove the entities."""
-        cfg = self.config
-        if self.publisher is None or not (cfg.homeassistant.enabled or (cfg.state_dir / HA_STATE_FILE).exists()):
-            return
-        discovery = Discovery(
-            cfg.homeassistant,
-            device_id=cfg.device_id,
-            pipelines=cfg.pipelines,
-            results_topic={p.name: self.topics.results(p.name) for p in cfg.pipelines},
-            stats_topic=self.topics.stats,
-            availability_topic=self.topics.availability,
-            stats_interval_s=cfg.mqtt.stats_interval_s,
-        )
-        self.publisher.add_hook(Announce(lambda: discovery.messages(cfg.state_dir)))
-
-    def _wire_control(self) -> None:
-        """Remote control (off unless `control:` is configured) rides on the publisher's connection."""
-        if self.config.control is None or self.publisher is None:
-            return
-        side = SideChannel()  # replies, events and the reported state: not spooled, before the next results
-        self.publisher.add_hook(side)
-        self.controller = Controller(
-            self.config.control,
-            self.config.device_id,
-            self.config.state_dir,
-            target=ControlPort(self.reloader, self.pipelines, self.report.snapshot, self.candidate_check),
-            side=side,
-        )
-        self.publisher.add_hook(self.controller)  # its command topics ride on the connection
 
     def _load_models(self) -> list[Model]:
         """Load every model, the CPU cores shared between CPU pipelines; announce TensorRT builds."""

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from edged.config import Config, load_config
 from edged.core.errors import ConfigError
@@ -32,19 +32,16 @@ MODEL_POLL_S = 5.0
 RESTART_KEYS = ("device_id", "state_dir", "mqtt", "spool", "clock", "status", "control", "metrics", "homeassistant")
 
 
-class Reloadable(Protocol):
-    """What reload needs of the daemon: the running config and the pipeline runners."""
-
-    config: Config
-    pipelines: list[PipelineRunner]
-
-
 class Reloader(Supervised):
     """Applies reloads and model swaps one at a time, through the pipeline runners."""
 
-    def __init__(self, target: Reloadable, config_path: Path | None, poll_s: float = MODEL_POLL_S) -> None:
+    def __init__(
+        self, config: Config, pipelines: list[PipelineRunner], config_path: Path | None, poll_s: float = MODEL_POLL_S
+    ) -> None:
         super().__init__("edged-reload", restart=Restart())  # its state is the object's: safe to run again
-        self.target = target
+        # the running config: the one owner of it (the daemon reads it here); a reload replaces it whole
+        self.config = config
+        self.pipelines = pipelines  # the runners a reload hands each pipeline's new config to
         self.config_path = config_path
         self.poll_s = poll_s
         self._wake = threading.Event()
@@ -149,14 +146,13 @@ class Reloader(Supervised):
 
     def _apply(self, new: Config) -> list[str]:
         """Hand each pipeline's new config to its runner; name what needs a restart."""
-        target = self.target
-        old = target.config
+        old = self.config
         notes = [
             f"{key} changed: takes effect after a restart"
             for key in RESTART_KEYS
             if getattr(new, key) != getattr(old, key)
         ]
-        runners = {runner.name: runner for runner in target.pipelines}
+        runners = {runner.name: runner for runner in self.pipelines}
         new_names = {p.name for p in new.pipelines}
         notes += [f"pipeline {n} added: starts after a restart" for n in sorted(new_names - set(runners))]
         notes += [f"pipeline {n} removed: stops after a restart" for n in sorted(set(runners) - new_names)]
@@ -168,9 +164,9 @@ class Reloader(Supervised):
             notes.append(f"log_level {new.log_level} applied")
         if new.watchdog_stall_s != old.watchdog_stall_s:
             notes.append(f"watchdog_stall_s {new.watchdog_stall_s:g} applied")
-        target.config = old.model_copy(
+        self.config = old.model_copy(
             update={
-                "pipelines": [runner.cfg for runner in target.pipelines],
+                "pipelines": [runner.cfg for runner in self.pipelines],
                 "log_level": new.log_level,
                 "watchdog_stall_s": new.watchdog_stall_s,
             }
@@ -179,7 +175,7 @@ class Reloader(Supervised):
 
     def poll_models(self) -> None:
         """Swap to a model file that changed and has settled since the last poll."""
-        for runner in list(self.target.pipelines):
+        for runner in list(self.pipelines):
             runner.poll_model()
 
     def _record(self, result: str, notes: list[str]) -> None:
