@@ -58,7 +58,7 @@ def test_record_saves_the_frames_the_model_sees(rig: Rig) -> None:
     _, cfg, _ = control_daemon(rig)
     dev = cfg["device_id"]
     answer = ask(rig.fleet, "record", dev, {"frames": 5, "every": 2})[dev]
-    assert answer["ok"] is True, answer
+    assert answer["ok"] is True, str(answer)  # whole: the reason and the report
     saved = np.load(answer["detail"]["path"])["frames"]
     assert saved.shape == (5, 48, 64, 3)
     assert Path(answer["detail"]["path"]).stat().st_mode & 0o777 == 0o640  # frames of the scene: not for others

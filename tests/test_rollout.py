@@ -27,7 +27,9 @@ from edged.fleet.rollout import RolloutPlan, canary_count, run_rollout, serve_fi
 from edged.pipeline.frametap import save_frames
 from edged.tools.candidate import check_candidate
 
-FAST = {"watch_s": 2.0, "frames": 6, "max_slowdown": 10.0}  # a quick watch; the speed gate has its own test
+# a quick watch that only a collapse fails (four test workers share two cores: a 2 s rate is noisy); the speed gate
+# and the rollback on a slower rate have their own tests
+FAST = {"watch_s": 2.0, "frames": 6, "max_slowdown": 10.0, "min_fps_ratio": 0.2}
 
 
 def colour_frames(path: Path, n: int = 9) -> Path:
@@ -222,7 +224,7 @@ def test_bad_models_are_refused_counted_and_change_nothing_then_a_good_one_is_ke
     assert not list((Path(cfg["state_dir"]) / "models").glob("*.onnx"))
 
     answer = ask(rig.fleet, "model", dev, model_command(rig, good, f"{base}/good.onnx"), timeout=120)[dev]
-    assert answer["ok"] is True, answer
+    assert answer["ok"] is True, str(answer)  # whole: the reason and the report
     assert answer["detail"]["result"] == "kept"
     assert running_sha(daemon) == sha(good)
     model_path = yaml.safe_load(path.read_text())["pipelines"][0]["model"]["path"]
@@ -281,7 +283,7 @@ def test_the_watch_of_a_motion_gated_pipeline_looks_at_failures_not_at_its_rate(
     # the rate that rolled back the ungated pipeline above: a gated pipeline's rate follows the scene
     args = model_command(rig, good, f"{base}/good.onnx", min_fps_ratio=100.0)
     answer = ask(rig.fleet, "model", dev, args, timeout=120)[dev]
-    assert answer["ok"] is True, answer
+    assert answer["ok"] is True, str(answer)  # whole: the reason and the report
     assert answer["detail"]["result"] == "kept"
     assert running_sha(daemon) == sha(good)
 
