@@ -136,6 +136,31 @@ def discovery_hook(cfg: Config, topics: Topics) -> Announce | None:
     return Announce(lambda: discovery.messages(cfg.state_dir))
 
 
+def load_models(pipelines: list[PipelineRunner], state_dir: Path) -> list[Model]:
+    """Load every pipeline's model, the CPU cores shared between CPU pipelines; announce TensorRT builds."""
+    import onnxruntime as ort  # noqa: PLC0415
+
+    available = ort.get_available_providers()
+    on_cpu = [select_providers(runner.cfg.model.providers, available)[0] == CPU for runner in pipelines]
+    shares = share_cores([runner.cfg.model for runner in pipelines], on_cpu, usable_cores())
+    models = []
+    for runner, cores in zip(pipelines, shares, strict=True):
+        runner.cores = cores
+        models.append(runner.load())  # the same path as a reload's model swap
+    if any(m.loaded.provider == TENSORRT for m in models):
+        engines.cleanup([runner.cfg.model for runner in pipelines], state_dir)
+    return models
+
+
+def left_behind(count: int, *, mqtt: bool) -> str:
+    """What a stop leaves in the spool, for its last log line."""
+    if not count:
+        return "nothing left to send"
+    if mqtt:
+        return f"{count} result(s) still in the spool go when it runs again"
+    return f"{count} result(s) in the spool (mqtt is off)"
+
+
 class Daemon:
     """Owns every thread. `start()` then `wait()` then `stop()`; `request_stop()` from anywhere."""
 
@@ -227,7 +252,7 @@ class Daemon:
                     self.reloader, self.pipelines, self.report.snapshot, self.candidate_check))  # fmt: skip
                 if (announce := discovery_hook(cfg, self.topics)) is not None:
                     self.publisher.add_hook(announce)
-            models = self._load_models()
+            models = load_models(self.pipelines, cfg.state_dir)
         except EdgedError:
             self.publisher = None
             self._close_partial()
@@ -247,21 +272,6 @@ class Daemon:
             len(self.pipelines),
             cfg.status_socket,
         )
-
-    def _load_models(self) -> list[Model]:
-        """Load every model, the CPU cores shared between CPU pipelines; announce TensorRT builds."""
-        import onnxruntime as ort  # noqa: PLC0415
-
-        available = ort.get_available_providers()
-        on_cpu = [select_providers(runner.cfg.model.providers, available)[0] == CPU for runner in self.pipelines]
-        shares = share_cores([runner.cfg.model for runner in self.pipelines], on_cpu, usable_cores())
-        models = []
-        for runner, cores in zip(self.pipelines, shares, strict=True):
-            runner.cores = cores
-            models.append(runner.load())  # the same path as a reload's model swap
-        if any(m.loaded.provider == TENSORRT for m in models):
-            engines.cleanup([p.model for p in self.config.pipelines], self.config.state_dir)
-        return models
 
     def _close_partial(self, spool_timeout: float = 30.0) -> None:
         for part in self.metrics:
@@ -414,17 +424,7 @@ class Daemon:
             self.left_in_spool = self.spool.depth
         self._close_partial(left(STOP_DEADLINE_S))
         if ran:
-            log.info("edged stopped; %s", self._left_behind())
-
-    def _left_behind(self) -> str:
-        """What a stop leaves in the spool, for its last log line."""
-        if not self.left_in_spool:
-            return "nothing left to send"
-        if self.config.mqtt.enabled:
-            return f"{self.left_in_spool} result(s) still in the spool go when it runs again"
-        return f"{self.left_in_spool} result(s) in the spool (mqtt is off)"
-
-    # -- reporting -------------------------------------------------------------------------------------
+            log.info("edged stopped; %s", left_behind(self.left_in_spool, mqtt=self.config.mqtt.enabled))
 
 
 def run_daemon(daemon: Daemon) -> int:

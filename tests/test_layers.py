@@ -5,6 +5,7 @@ is allowed to name it (the CLI hands the daemon the rollout's model check)."""
 
 from __future__ import annotations
 
+import ast
 import re
 
 from conftest import REPO
@@ -46,3 +47,18 @@ def test_child_processes_run_only_earlier_stages() -> None:
 def test_the_rollout_check_is_found_and_handed_in_by_the_cli() -> None:
     """The scan sees the one child process edged starts (a scan that found nothing would prove nothing)."""
     assert ("edged.cli", "edged.tools.candidate") in children()
+
+
+MAX_METHODS = 15  # a class with more does several jobs: split it (docs/architecture.md)
+
+
+def test_no_class_has_more_than_fifteen_methods() -> None:
+    """Small parts with one job each: every class of the package has at most MAX_METHODS methods."""
+    big = []
+    for path in sorted((REPO / "edged").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                methods = [n for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+                if len(methods) > MAX_METHODS:
+                    big.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {len(methods)} methods")
+    assert not big, big

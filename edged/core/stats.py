@@ -60,9 +60,15 @@ class PipelineStats:
         repr=False,
     )
 
-    def set_state(self, state: str, error: str | None = None) -> None:
-        """Record the source/pipeline state (and the last error, if any; "" clears it). "failed" is final."""
+    def set_state(self, state: str | None = None, error: str | None = None) -> None:
+        """Record the source/pipeline state and the last error (None: unchanged; "" clears it). "failed" is
+        final: a state change after it is ignored, its error kept; `set_state(error=...)` alone (a model swap
+        that failed, the pipeline still running) shows an error whatever the state."""
         with self.lock:
+            if state is None:
+                if error is not None:
+                    self.error = error or None
+                return
             if self.state == "failed":
                 return
             if state != self.state:  # a change is a sign of life; a looping file saying "running" again is not
@@ -70,11 +76,6 @@ class PipelineStats:
             self.state = state
             if error is not None:
                 self.error = error or None
-
-    def set_error(self, error: str | None) -> None:
-        """Show (or clear, with None) an error without changing the state."""
-        with self.lock:
-            self.error = error
 
     def count_capture(self, dropped: int) -> None:
         """A frame was captured; `dropped` frames were overwritten unseen before it."""
@@ -160,12 +161,6 @@ class PipelineStats:
                 self.events += count
                 self._event_stamps.append((time.monotonic(), count))
 
-    def events_per_min(self) -> float:
-        """Events stored in the last minute."""
-        since = time.monotonic() - 60.0
-        with self.lock:
-            return float(sum(n for t, n in self._event_stamps if t >= since))
-
     def count_suppressed(self) -> None:
         """A result was held back by the pipeline's `publish` filter."""
         with self.lock:
@@ -182,8 +177,9 @@ class PipelineStats:
     def snapshot(self) -> dict[str, Any]:
         """The `pipelines[]` entry of the status JSON."""
         fps = self.fps()
-        per_min = self.events_per_min()
+        since = time.monotonic() - 60.0
         with self.lock:
+            per_min = float(sum(n for t, n in self._event_stamps if t >= since))  # events stored in the last minute
             lat = {k: percentiles(v) for k, v in self._lat.items()}
             total = lat.pop("total")
             return {

@@ -43,6 +43,24 @@ def model_file_stat(path: Path) -> FileStat | None:
     return st.st_mtime_ns, st.st_size, st.st_ino
 
 
+def snapshots_for(state_dir: Path, cfg: PipelineConfig) -> Snapshots | None:
+    """The pipeline's snapshot writer, when `snapshot.enabled`."""
+    return Snapshots(cfg.snapshot, state_dir, cfg.name) if cfg.snapshot.enabled else None
+
+
+def source_for(runner: PipelineRunner, cfg: PipelineConfig) -> Source:
+    """A runner's source (with its motion gate when `motion.enabled`), preparing the model input with the
+    current model (its Preparer is the ModelRef); its death fails the pipeline."""
+    extra = dict(runner.source_kwargs)
+    if cfg.motion.enabled:  # camera sources only (checked with the config)
+        masks = [*cfg.motion.mask, *cfg.masks]  # the pipeline's masks hide motion too
+        extra["motion"] = MotionGate(cfg.motion, masks, declared_frame(cfg.frame_size, cfg.source))
+    source = make_source(cfg.source, slot=runner.slot, stats=runner.stats, name=f"edged-source-{cfg.name}",
+                         prepare=runner.ref, **extra)  # fmt: skip
+    source.on_death = runner.source_died
+    return source
+
+
 class PipelineRunner:
     """One pipeline's runtime. `start(model)`, then `apply` / `swap_model` / `poll_model` from the reload
     thread, then `stop_source()` and `finish(deadline)` (or `stop(deadline)`)."""
@@ -116,7 +134,9 @@ class PipelineRunner:
         self.ref = ModelRef(model)
         self.model_stat = model_file_stat(self.cfg.model.path)
         describe_model(self.stats, model)
-        self.outlet = Outlet(sink, self.device_id, self.topic, make_filter(self.cfg.publish), self._snapshots(self.cfg))
+        self.outlet = Outlet(
+            sink, self.device_id, self.topic, make_filter(self.cfg.publish), snapshots_for(self.state_dir, self.cfg)
+        )
         self.outlet.on_result = self.on_result
         self.outlet.scene, self.outlet.events_topic = make_scene(self.cfg), self.events_topic
         if self.outlet.scene is not None and self.outlet.scene.tracker is not None:
@@ -129,26 +149,11 @@ class PipelineRunner:
         for worker in self.workers:
             worker.on_exit = self.on_worker_exit
             worker.start()
-        self.source = self._make_source(self.cfg)
+        self.source = source_for(self, self.cfg)
         self.source.start()
         self.stats.touch()  # loading and warming up was progress (a TensorRT build can take minutes)
 
-    def _snapshots(self, cfg: PipelineConfig) -> Snapshots | None:
-        return Snapshots(cfg.snapshot, self.state_dir, cfg.name) if cfg.snapshot.enabled else None
-
-    def _make_source(self, cfg: PipelineConfig) -> Source:
-        """The source, preparing the model input with the current model (its Preparer is the ModelRef)."""
-        extra = dict(self.source_kwargs)
-        if cfg.motion.enabled:  # camera sources only (checked with the config)
-            masks = [*cfg.motion.mask, *cfg.masks]  # the pipeline's masks hide motion too
-            extra["motion"] = MotionGate(cfg.motion, masks, declared_frame(cfg.frame_size, cfg.source))
-        source = make_source(
-            cfg.source, slot=self.slot, stats=self.stats, name=f"edged-source-{cfg.name}", prepare=self.ref, **extra
-        )
-        source.on_death = self._source_died
-        return source
-
-    def _source_died(self, why: str) -> None:
+    def source_died(self, why: str) -> None:
         self.stats.set_state("failed", f"source thread died: {why}")
         self.slot.close()  # the workers finish what was captured, then end
 
@@ -204,7 +209,7 @@ class PipelineRunner:
     def _apply_outputs(self, cfg: PipelineConfig) -> None:
         """New publish filter and snapshots for the workers (used only inside a turn: the next frame takes them)."""
         if self.outlet is not None:
-            self.outlet.publish, self.outlet.snapshots = make_filter(cfg.publish), self._snapshots(cfg)
+            self.outlet.publish, self.outlet.snapshots = make_filter(cfg.publish), snapshots_for(self.state_dir, cfg)
 
     def _restart_source(self, cfg: PipelineConfig) -> None:
         old = self.source
@@ -219,7 +224,7 @@ class PipelineRunner:
                 )  # fmt: skip
         with self.stats.lock:
             self.stats.source_uri = redact_uri(str(cfg.source.uri))
-        self.source = self._make_source(cfg)
+        self.source = source_for(self, cfg)
         self.source.start()
         log.info("pipeline %s: source restarted on %s", cfg.name, redact_uri(str(cfg.source.uri)))
 
@@ -233,18 +238,18 @@ class PipelineRunner:
             model = self.load(cfg)
         except EdgedError as exc:
             self.model_stat = stat  # do not retry this file until it changes again
-            self.stats.set_error(f"model swap failed, still running {self.stats.model_name}: {exc}")
+            self.stats.set_state(error=f"model swap failed, still running {self.stats.model_name}: {exc}")
             log.error("pipeline %s: new model not used, the old one keeps running: %s", cfg.name, exc)  # noqa: TRY400
             return False
         if isinstance(cfg.source, SensorSourceConfig) and model.pre.spec != self.ref.current.pre.spec:
             self.model_stat = stat
-            self.stats.set_error("model swap refused: the new model needs another sensor window; restart edged")
+            self.stats.set_state(error="model swap refused: the new model needs another sensor window; restart edged")
             log.error("pipeline %s: the new model needs another sensor window; restart edged to use it", cfg.name)
             return False
         old = self.ref.swap(model)
         self.model_stat = stat
         describe_model(self.stats, model)
-        self.stats.set_error(None)
+        self.stats.set_state(error="")
         log.info(
             "pipeline %s: model swapped %s (%s) -> %s (%s)",
             cfg.name, old.loaded.name, old.loaded.sha256[:12], model.loaded.name, model.loaded.sha256[:12],
