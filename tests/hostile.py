@@ -47,6 +47,15 @@ HOSTILE: dict[str, tuple[bytes, int, str]] = {
         6,
         "cannot look up the model file: File name too long",
     ),
+    "a video file name over 255 bytes": (
+        b"device_id: x\nstate_dir: /tmp/edged-hostile\npipelines:\n  - name: c\n"
+        b"    source: {type: camera, uri: /tmp/" + b"v" * 300 + b".mp4}\n"
+        b"    model: {path: "
+        + str(Path(__file__).resolve().parent.parent / "edged/assets/digits.int8.onnx").encode()
+        + b"}\n",
+        5,
+        "cannot look up the video file: File name too long",
+    ),
 }
 
 

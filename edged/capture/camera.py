@@ -22,7 +22,7 @@ from edged.capture.base import SOURCES, Frame, FrameSlot, Preparer, Source
 from edged.capture.motion import MotionGate
 from edged.core.backoff import Backoff
 from edged.core.clock import boottime
-from edged.core.settings import Strict, check_order, from_config_dir
+from edged.core.settings import Strict, check_order, from_config_dir, is_file, look_up
 from edged.core.stats import PipelineStats
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class CameraSourceConfig(Strict):
         if base is None or isinstance(value, int) or source_kind(value) != "file" or value.startswith("/dev/"):
             return value  # a config built in code (the demo) is not checked: only a config file's typos are
         path = from_config_dir(Path(value), base)  # relative to the config file, as model.path is
-        if not path.is_file():
+        if not is_file(look_up(path, "the video file")):
             raise ValueError(
                 f"video file not found: {path}; a camera is /dev/videoN or its index, a stream rtsp://... "
                 "(those may be absent at start: the pipeline waits for them)"
@@ -117,8 +117,13 @@ def source_kind(uri: str | int) -> str:
 def missing_device(uri: str | int) -> str | None:
     """Why a device path names nothing now (`/dev/vidoe0`: a typo is waited for like an unplugged camera), with
     the video devices there are; None when it exists (or is an index)."""
-    if isinstance(uri, int) or uri.isdigit() or Path(uri).exists():
+    if isinstance(uri, int) or uri.isdigit():
         return None
+    try:
+        if look_up(Path(uri), "the device") is not None:
+            return None
+    except ValueError as exc:  # a name no device can have
+        return f"{exc}; the pipeline waits for it to appear"
     here = sorted(str(p) for p in Path("/dev").glob("video*"))
     there = ", ".join(here[:8]) if here else "none"
     return f"no such device {uri} (video devices here: {there}); the pipeline waits for it to appear"

@@ -4,6 +4,8 @@ together into the one schema. Defaults live only in these models."""
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,6 +31,24 @@ def check_order(section: Any, low: str, high: str) -> None:
     """A min/max pair in the right order (`high` >= `low`), or a ValueError naming both keys."""
     if getattr(section, high) < getattr(section, low):
         raise ValueError(f"{high} must be >= {low}")
+
+
+def look_up(path: Path, what: str) -> os.stat_result | None:
+    """`path`'s stat (links followed), None when nothing is there. A name the system cannot look up at all (a
+    part over 255 bytes, a loop of links, a folder on the way it may not enter) is a ValueError, the config
+    key's problem ("cannot look up `what`: ..."): Python 3.11's `Path.exists` raises those, and a validator
+    that let them through gave check-config a traceback."""
+    try:
+        return path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise ValueError(f"cannot look up {what}: {exc.strerror}") from None
+
+
+def is_file(found: os.stat_result | None) -> bool:
+    """Whether `look_up` found a regular file."""
+    return found is not None and stat.S_ISREG(found.st_mode)
 
 
 def from_config_dir(value: Path, base: Path | str | None) -> Path:

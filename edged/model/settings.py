@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from edged.core.settings import Strict, from_config_dir
+from edged.core.settings import Strict, from_config_dir, is_file, look_up
 from edged.model.feeds import ModelInput
 
 DEFAULT_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -60,13 +60,10 @@ class ModelConfig(Strict):
     @classmethod
     def _model_exists(cls, value: Path, info: ValidationInfo) -> Path:
         path = from_config_dir(value, (info.context or {}).get("base_dir"))
-        try:  # Python 3.11's exists() raises on a name the system cannot look up (over 255 bytes, ...)
-            exists, is_file = path.exists(), path.is_file()
-        except OSError as exc:
-            raise ValueError(f"cannot look up the model file: {exc.strerror}") from None
-        if not exists:
+        found = look_up(path, "the model file")
+        if found is None:
             raise ValueError(f"model file not found: {path}; {_missing_model_hint(path)}")
-        if not is_file:
+        if not is_file(found):
             raise ValueError(f"model path is not a file: {path}")
         return path
 
@@ -114,6 +111,6 @@ def _missing_model_hint(path: Path) -> str:
     """What to do about a missing model file. The example configs name edged's sample models where the
     installer puts them (/var/lib/edged/models); checked from a checkout, they are not there yet."""
     bundled = Path(str(files("edged") / "assets" / path.name))
-    if path.suffix == ".onnx" and len(path.name) < 200 and bundled.is_file():  # a longer name is no sample's
+    if path.suffix == ".onnx" and is_file(look_up(bundled, "the model file")):
         return f"it is one of edged's sample models, which deploy/install.sh copies there; or set model.path: {bundled}"
     return "check model.path"
