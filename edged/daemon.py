@@ -257,12 +257,14 @@ class Daemon:
             self.publisher = None
             self._close_partial()
             raise
+        # the pipelines first: the first stats message and discovery on the connection describe their models
+        # (results made meanwhile wait in the spool)
+        for runner, model in zip(self.pipelines, models, strict=True):
+            runner.start(model, self.spool)
         if self.controller is not None:
             self.controller.start()
         if self.publisher is not None:
             self.publisher.start()
-        for runner, model in zip(self.pipelines, models, strict=True):
-            runner.start(model, self.spool)
         self.reloader.start()
         self.state = "running"
         notify("READY=1")
