@@ -28,7 +28,8 @@ from edged.model.preprocess import Geometry
 
 Array = npt.NDArray[np.float32]
 MAX_CANDIDATES = 4096  # boxes that enter NMS at most (best scores first)
-SCORE_MAX = 1.0 + 1e-3  # a published score is a probability (float rounding aside)
+ROUNDING = 1e-3  # how far float rounding takes a probability past 0..1 (an 8-bit output's top step: 1.0000001)
+SCORE_MAX = 1.0 + ROUNDING  # a published score is a probability (float rounding aside)
 
 
 class BoxOptions(Strict):
@@ -123,6 +124,21 @@ def cxcywh_to_xyxy(a: Array) -> Array:
 def sigmoid(x: Array) -> Array:
     """Logistic function, overflow-safe for large negative logits."""
     return np.asarray(0.5 * (1.0 + np.tanh(0.5 * x)), dtype=np.float32)
+
+
+def in_unit_range(x: Array) -> bool:
+    """Whether every value lies in 0..1, float rounding aside: a quantized model's sigmoid output dequantizes
+    its top step to 1.0000001, and that is still a probability (taken for a logit, the whole map went through
+    a second sigmoid, every pixel above 0.5: an int8 text detector lost every box that way)."""
+    return not x.size or (float(x.min()) >= -ROUNDING and float(x.max()) <= 1.0 + ROUNDING)
+
+
+def probabilities(x: Array) -> Array:
+    """`x` as probabilities: values in 0..1 (`in_unit_range`) are kept, clipped to 0..1; anything else is
+    logits, through a sigmoid."""
+    if in_unit_range(x):
+        return np.asarray(np.clip(x, 0.0, 1.0), dtype=np.float32)
+    return sigmoid(x)
 
 
 def allowed_classes(wanted: list[str | int] | None, labels: list[str] | None) -> npt.NDArray[np.int64] | None:

@@ -24,7 +24,7 @@ from pydantic import Field
 
 from edged.core.errors import ModelError
 from edged.core.settings import Strict
-from edged.model.detections import BoxOptions, Candidates, Finisher, input_size_of, sigmoid
+from edged.model.detections import BoxOptions, Candidates, Finisher, input_size_of, probabilities
 from edged.model.postprocess import POSTPROCESSORS, Postprocessor, load_labels, with_reading
 from edged.model.preprocess import Geometry
 
@@ -127,9 +127,7 @@ class CenterNet:
 
     def decode(self, outputs: list[npt.NDArray[Any]]) -> Candidates:
         """Candidates in model-input pixels."""
-        heat = np.asarray(outputs[self.roles["heatmap"]], dtype=np.float32)[0]
-        if heat.size and (heat.min() < 0.0 or heat.max() > 1.0):
-            heat = sigmoid(heat)
+        heat = probabilities(np.asarray(outputs[self.roles["heatmap"]], dtype=np.float32)[0])
         size = np.asarray(outputs[self.roles["size"]], dtype=np.float32)[0]
         offset = np.asarray(outputs[self.roles["offset"]], dtype=np.float32)[0]
         cls, ys, xs = np.nonzero(heat >= self.cfg.score_threshold)

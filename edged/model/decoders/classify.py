@@ -10,6 +10,7 @@ from pydantic import Field
 
 from edged.core.errors import ModelError
 from edged.core.settings import Strict
+from edged.model.detections import in_unit_range
 from edged.model.postprocess import (
     CLASSES,
     POSTPROCESSORS,
@@ -68,7 +69,7 @@ class Classify:
 
 
 def _is_distribution(scores: npt.NDArray[np.float32]) -> bool:
-    return bool(scores.min() >= 0.0 and scores.max() <= 1.0 and abs(float(scores.sum()) - 1.0) < 1e-3)
+    return in_unit_range(scores) and abs(float(scores.sum()) - 1.0) < 1e-3
 
 
 @POSTPROCESSORS.register("classify", ClassifyConfig)

@@ -33,6 +33,7 @@ from edged.model.detections import (
     Finisher,
     check_boxes,
     cxcywh_to_xyxy,
+    in_unit_range,
     input_size_of,
     sigmoid,
 )
@@ -126,7 +127,7 @@ class Detr:
         if activation == "auto":
             if self.labels is not None and logits.shape[1] == len(self.labels) + 1:
                 activation = "softmax"
-            elif logits.size and (logits.min() < 0.0 or logits.max() > 1.0):
+            elif not in_unit_range(logits):
                 activation = "sigmoid"
             else:
                 activation = "none"

@@ -23,7 +23,7 @@ import numpy.typing as npt
 from pydantic import Field
 
 from edged.core.errors import ModelError
-from edged.model.detections import Array, BoxOptions, Candidates, Finisher, input_size_of, sigmoid
+from edged.model.detections import Array, BoxOptions, Candidates, Finisher, input_size_of, probabilities
 from edged.model.postprocess import POSTPROCESSORS, Postprocessor, load_labels, with_reading
 from edged.model.preprocess import Geometry
 
@@ -139,7 +139,7 @@ class Gfl:
         boxes, scores, classes = [], [], []
         bins = np.arange(self.reg_max + 1, dtype=np.float32)
         for (raw, dist), centre, stride in zip(self._levels(outputs), self.centres, self.strides, strict=True):
-            score = sigmoid(raw) if raw.size and (raw.min() < 0.0 or raw.max() > 1.0) else raw
+            score = probabilities(raw)
             # every (cell, class) above the threshold, as PicoDet's multiclass NMS takes them
             cell, cls = np.nonzero(score >= self.cfg.score_threshold)
             if not cell.size:

@@ -33,7 +33,7 @@ from pydantic import Field
 
 from edged.core.errors import ModelError
 from edged.core.settings import Strict
-from edged.model.detections import input_size_of, sigmoid
+from edged.model.detections import input_size_of, probabilities
 from edged.model.postprocess import (
     POSTPROCESSORS,
     SEGMENTS,
@@ -155,9 +155,7 @@ class Segment:
         if self.cfg.normalize == "minmax":
             lo, hi = float(p.min()), float(p.max())
             return (p - lo) / (hi - lo) if hi > lo else np.zeros_like(p)
-        if p.size and (p.min() < 0.0 or p.max() > 1.0):
-            return sigmoid(p)
-        return p
+        return probabilities(p)
 
     def __call__(self, outputs: list[npt.NDArray[Any]], geometry: Geometry | None = None) -> dict[str, Any]:
         """Classes present in the frame, largest first."""

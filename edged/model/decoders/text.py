@@ -25,7 +25,7 @@ from pydantic import Field
 
 from edged.core.errors import ModelError
 from edged.core.settings import Strict
-from edged.model.detections import Array, BoxOptions, Candidates, Finisher, input_size_of, sigmoid
+from edged.model.detections import Array, BoxOptions, Candidates, Finisher, input_size_of, probabilities
 from edged.model.postprocess import (
     DETECTIONS,
     POSTPROCESSORS,
@@ -95,8 +95,7 @@ class TextDetect:
         if not _probability_map(list(prob.shape)):
             raise ModelError(f"text: the output is {list(prob.shape)} on this frame, not a map [1, 1, H, W]")
         prob = prob.reshape(prob.shape[-2], prob.shape[-1])
-        if prob.size and (prob.min() < 0.0 or prob.max() > 1.0):
-            prob = sigmoid(prob)
+        prob = probabilities(prob)
         binary = (prob > self.cfg.threshold).astype(np.uint8)
         if self.cfg.dilate:
             binary = np.asarray(cv2.dilate(binary, np.ones((2, 2), np.uint8)), dtype=np.uint8)
