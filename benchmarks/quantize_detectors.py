@@ -170,7 +170,9 @@ def render(rows: list[dict[str, Any]]) -> str:
             continue
         s = r["search"]
         chosen = next((c for c in s["table"] if c["recipe"] == s["chosen"]), None)
-        best = chosen or max((c for c in s["table"] if c["speedup"]), key=lambda c: c["speedup"])
+        judged = [c for c in s["table"] if c["agreement"] is not None]
+        closest = max(judged, key=lambda c: (c["agreement"]["value"], -c["int8_ms"]), default=None)
+        best = chosen or closest or s["table"][0]  # a refusal: the candidate it names, as quantize's message does
         agree = f"{best['agreement']['check']} {best['agreement']['value']:.3f}" if best["agreement"] else "-"
         precision = (best.get("measures") or {}).get("detection precision")
         agree += f", precision {precision:.3f}" if precision is not None else ""
