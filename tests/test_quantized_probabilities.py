@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -128,3 +129,49 @@ def test_any_8_bit_probability_map_stays_a_probability_map(p: np.ndarray[Any, An
     scale = np.nextafter(np.float32(1.0 / steps), np.float32(1.0))  # rounded up, as ORT's quantizer may
     dequantized = np.round(p / scale).astype(np.float32) * scale
     assert np.array_equal(probabilities(dequantized), np.clip(dequantized, 0.0, 1.0))
+
+
+def _classifier(path: Path, classes: int) -> Path:
+    """x [1, 8] -> MatMul -> Softmax over `classes`: one class far ahead, the rest a long tail of small ones."""
+    rng = np.random.default_rng(2)
+    w = rng.normal(0.0, 0.3, (8, classes)).astype(np.float32)
+    w[:, 7] = 1.2  # class 7 wins on the all-ones input
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"]), helper.make_node("Softmax", ["logits"], ["p"])]
+    graph = helper.make_graph(
+        nodes,
+        "cls",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, classes])],
+        initializer=[numpy_helper.from_array(w, "w")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    return path
+
+
+class _Ones(CalibrationDataReader):  # type: ignore[misc]
+    def __init__(self) -> None:
+        self.left = [{"x": np.ones((1, 8), np.float32)}]
+
+    def get_next(self) -> dict[str, Any] | None:
+        return self.left.pop() if self.left else None
+
+
+def test_a_quantized_softmax_is_published_as_the_probabilities_it_gives(tmp_path: Path) -> None:
+    classes = 1000
+    fp32 = _classifier(tmp_path / "cls.onnx", classes)
+    int8 = tmp_path / "cls.int8.onnx"
+    quantize_static(str(fp32), str(int8), _Ones(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)  # fmt: skip
+    feed = {"x": np.ones((1, 8), np.float32)}
+    ref = np.asarray(ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).run(None, feed)[0])
+    out = np.asarray(ort.InferenceSession(str(int8), providers=["CPUExecutionProvider"]).run(None, feed)[0])
+    assert abs(float(out.sum()) - 1.0) > 1e-3  # the tail rounds away: the sum is off by more than float rounding
+    POSTPROCESSORS.load_builtins()
+    post = POSTPROCESSORS.configs["classify"](type="classify", top_k=1)
+    decode = make_postprocessor(post, ["p"], [[1, classes]], {}, (8, 1))
+    top = decode([out])["top"][0]
+    assert top["index"] == 7
+    assert top["score"] == pytest.approx(float(out[0, 7]), abs=1e-4)  # not put through a second softmax
+    assert top["score"] == pytest.approx(float(ref[0, 7]), abs=0.02)
+    logits = np.linspace(-3.0, 3.0, classes, dtype=np.float32)[None]
+    assert decode([logits])["top"][0]["score"] < 0.01  # logits still get their softmax
