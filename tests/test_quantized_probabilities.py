@@ -51,12 +51,20 @@ def _db_like_model(path: Path) -> Path:
     return path
 
 
-class _Frames(CalibrationDataReader):  # type: ignore[misc]
-    def __init__(self) -> None:
-        self.left = [{"x": _frame()}]
+class _Once(CalibrationDataReader):  # type: ignore[misc]
+    """ORT's calibration reader over one feed."""
+
+    def __init__(self, feed: dict[str, Any]) -> None:
+        self.left = [feed]
 
     def get_next(self) -> dict[str, Any] | None:
         return self.left.pop() if self.left else None
+
+
+def _quantize(fp32: Path, int8: Path, feed: dict[str, Any]) -> None:
+    """ORT's own static QDQ quantization, u8s8, MinMax ranges from the one feed."""
+    quantize_static(str(fp32), str(int8), _Once(feed), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)  # fmt: skip
 
 
 def _run(path: Path) -> np.ndarray[Any, Any]:
@@ -67,8 +75,7 @@ def _run(path: Path) -> np.ndarray[Any, Any]:
 def test_an_int8_sigmoid_output_past_one_is_decoded_as_the_probabilities_it_is(tmp_path: Path) -> None:
     fp32 = _db_like_model(tmp_path / "db.onnx")
     int8 = tmp_path / "db.int8.onnx"
-    quantize_static(str(fp32), str(int8), _Frames(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)  # fmt: skip
+    _quantize(fp32, int8, {"x": _frame()})
     ref, cand = _run(fp32), _run(int8)
     assert float(ref.max()) > 1.0  # ORT's rounding: the fault this guards against is really there
     assert float(cand.max()) > 1.0  # and the quantizer calibrated on it keeps it
@@ -148,21 +155,12 @@ def _classifier(path: Path, classes: int) -> Path:
     return path
 
 
-class _Ones(CalibrationDataReader):  # type: ignore[misc]
-    def __init__(self) -> None:
-        self.left = [{"x": np.ones((1, 8), np.float32)}]
-
-    def get_next(self) -> dict[str, Any] | None:
-        return self.left.pop() if self.left else None
-
-
 def test_a_quantized_softmax_is_published_as_the_probabilities_it_gives(tmp_path: Path) -> None:
     classes = 1000
+    feed = {"x": np.ones((1, 8), np.float32)}
     fp32 = _classifier(tmp_path / "cls.onnx", classes)
     int8 = tmp_path / "cls.int8.onnx"
-    quantize_static(str(fp32), str(int8), _Ones(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)  # fmt: skip
-    feed = {"x": np.ones((1, 8), np.float32)}
+    _quantize(fp32, int8, feed)
     ref = np.asarray(ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).run(None, feed)[0])
     out = np.asarray(ort.InferenceSession(str(int8), providers=["CPUExecutionProvider"]).run(None, feed)[0])
     assert abs(float(out.sum()) - 1.0) > 1e-3  # the tail rounds away: the sum is off by more than float rounding

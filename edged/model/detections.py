@@ -127,9 +127,10 @@ def sigmoid(x: Array) -> Array:
 
 
 def in_unit_range(x: Array) -> bool:
-    """Whether every value lies in 0..1, float rounding aside: a quantized model's sigmoid output dequantizes
-    its top step to 1.0000001, and that is still a probability (taken for a logit, the whole map went through
-    a second sigmoid, every pixel above 0.5: an int8 text detector lost every box that way)."""
+    """Whether every value lies in 0..1, float rounding aside: ONNX Runtime's own Sigmoid gives 1.0000001 for
+    some logits, a quantized model calibrated on that range dequantizes its top step to it, and that is still a
+    probability (taken for a logit, the whole map went through a second sigmoid, every pixel above 0.5: an int8
+    text detector lost every box that way)."""
     return not x.size or (float(x.min()) >= -ROUNDING and float(x.max()) <= 1.0 + ROUNDING)
 
 
