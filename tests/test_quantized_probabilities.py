@@ -127,6 +127,22 @@ def test_logits_still_get_their_sigmoid() -> None:
     assert in_unit_range(np.array([], np.float32))
 
 
+def test_a_nan_in_a_probability_map_does_not_make_it_logits() -> None:
+    """A NaN pixel is no evidence either way: the rest of the map decides, and it decodes as without it."""
+    POSTPROCESSORS.load_builtins()
+    decode = make_postprocessor(POSTPROCESSORS.configs["text"](type="text"), ["prob"], [[1, 1, SIZE, SIZE]], {},
+                                (SIZE, SIZE))  # fmt: skip
+    prob = np.zeros((1, 1, SIZE, SIZE), np.float32)
+    prob[0, 0, 10:18, 6:58] = 0.9
+    holed = prob.copy()
+    holed[0, 0, 40, 40] = np.nan
+    assert [d["box"] for d in decode([holed])["detections"]] == [d["box"] for d in decode([prob])["detections"]]
+    assert np.isnan(probabilities(holed)).sum() == 1
+    assert float(np.nanmax(probabilities(holed))) == pytest.approx(0.9)  # kept, not squashed through a sigmoid
+    assert in_unit_range(np.full(3, np.nan, np.float32))  # nothing to go by: left as it is
+    assert not in_unit_range(np.array([np.nan, 4.0], np.float32))  # a logit beside it still decides
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     arrays(np.float32, (4, 4), elements=st.floats(0.0, 1.0, width=32)),

@@ -131,7 +131,10 @@ def in_unit_range(x: Array) -> bool:
     some logits, a quantized model calibrated on that range dequantizes its top step to it, and that is still a
     probability (taken for a logit, the whole map went through a second sigmoid, every pixel above 0.5: an int8
     text detector lost every box that way)."""
-    return not x.size or (float(x.min()) >= -ROUNDING and float(x.max()) <= 1.0 + ROUNDING)
+    if not x.size:
+        return True
+    flat = np.ravel(x)  # fmin/fmax skip NaN: one NaN pixel must not make a probability map a logit map
+    return not (float(np.fmin.reduce(flat)) < -ROUNDING or float(np.fmax.reduce(flat)) > 1.0 + ROUNDING)
 
 
 def probabilities(x: Array) -> Array:
