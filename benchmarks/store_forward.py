@@ -16,7 +16,9 @@ One run, three parts, printed side by side (and as JSON with `--json`):
 3. Bytes written per result. `write_bytes` of the daemon's /proc/<pid>/io over `--io-results` results
    (after a warm-up, so the spool's creation and its ballast file are excluded), for `sync: normal` and
    `sync: full`, with MQTT on (rows are deleted on PUBACK) and off (rows accumulate), against the mean
-   payload size. Target: <= 4x at default settings. Also results/s per mode.
+   payload size, the replay window on (the default: acknowledged results kept for replay requests) and, with
+   MQTT on, off (`replay_max_bytes: 0`). Targets: <= 1x online with replay on, <= 4x offline. Also results/s
+   per mode.
 
 This is a measurement, not a test: it exits 0 whatever the figures are, non-zero only when something
 crashed. Every broker and child it starts is stopped on exit, Ctrl-C included.
@@ -540,6 +542,7 @@ def part_io(out: Path, assets: tuple[Path, Path], args: argparse.Namespace) -> l
         for sync in ("normal", "full")
         for mqtt_on in (False, True)  # off first: it measures the payload
     ]
+    runs += [({"sync": sync, "replay_max_bytes": 0}, True) for sync in ("normal", "full")]  # replay off
     if args.io_whatif:
         extra = {k.strip(): yaml_value(v) for k, _, v in (kv.partition("=") for kv in args.io_whatif.split(","))}
         runs += [({"sync": "normal", **extra}, m) for m in (False, True)]

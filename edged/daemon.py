@@ -246,7 +246,8 @@ class Daemon:
                 if cfg.mqtt.stats_interval_s:
                     self.publisher.add_hook(StatsMessage(cfg.mqtt, cfg.device_id, self.report.snapshot))
                 if cfg.mqtt.replay_topic and self.spool.window.enabled:
-                    self.replay = ReplayRequests(self.spool.replay, cfg.device_id, self.topics.replay)
+                    self.replay = ReplayRequests(self.spool.replay, cfg.device_id, self.topics.replay,
+                                                 cfg.mqtt.replay_max_bytes_per_hour)  # fmt: skip
                     self.publisher.add_hook(self.replay)
                 self.controller = control_hooks(cfg, self.publisher, ControlPort(
                     self.reloader, self.pipelines, self.report.snapshot, self.candidate_check))  # fmt: skip

@@ -386,7 +386,7 @@ def test_a_status_of_any_shape_is_shown_or_said_to_be_unshowable(snapshot: dict[
 @pytest.fixture(scope="module")
 def replay_hook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplayRequests]:
     spool = Spool(tmp_path_factory.mktemp("replay") / "spool.db")
-    yield ReplayRequests(spool.replay, "dev1", "edged/dev1/replay")
+    yield ReplayRequests(spool.replay, "dev1", "edged/dev1/replay", bytes_per_hour=2**20)
     spool.close()
 
 

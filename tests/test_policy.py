@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from edged.store.policy import CHECK_INLINE_BYTES, SENT_BATCH, SENT_FLUSH_S, Durability
+from edged.store.policy import CHECK_INLINE_BYTES, Durability
 from edged.store.settings import SpoolConfig
 
 FULL = Durability.of(SpoolConfig(sync="full", batch_ms=1000, batch_max=128))
 
 
 def wait(policy: Durability = FULL, **what: object) -> float | None:
-    args: dict[str, object] = {"urgent": False, "unacked": 0, "oldest_pending_age_s": None, "changes_age_s": None,
-                               "sent_age_s": None, "sent_waiting": 0} | what  # fmt: skip
+    args: dict[str, object] = {"urgent": False, "unacked": 0, "oldest_pending_age_s": None,
+                               "changes_age_s": None} | what  # fmt: skip
     return policy.commit_wait_s(**args)  # type: ignore[arg-type]
 
 
@@ -38,8 +38,3 @@ def test_a_group_commit_comes_after_batch_ms_or_batch_max_whichever_first() -> N
     assert wait(oldest_pending_age_s=5.0) == 0.0  # overdue: at once, never a negative wait
     assert wait(changes_age_s=0.5, oldest_pending_age_s=0.1) == pytest.approx(0.5)  # the earlier deadline
     assert wait(urgent=True) == 0.0  # a flush, changed counters
-
-
-def test_acknowledged_results_reach_the_replay_window_lazily_in_big_batches() -> None:
-    assert wait(sent_age_s=1.0, sent_waiting=10) == pytest.approx(SENT_FLUSH_S - 1.0)
-    assert wait(sent_age_s=0.0, sent_waiting=SENT_BATCH) == 0.0

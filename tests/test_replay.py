@@ -29,6 +29,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 from edged.fleet.ingest import Ingest, IngestOptions
 from edged.fleet.ingestdb import open_database
 from edged.fleet.report import build_report
+from edged.store.spool import Spool, SpoolConfig
+from edged.uplink.hooks import Incoming
+from edged.uplink.replay import ReplayRequests
 
 
 def _ask(broker: Broker, topic: str, body: Any) -> None:
@@ -85,6 +88,54 @@ def test_a_replay_request_sends_acknowledged_results_again_and_says_what_is_gone
     wait_for(lambda: max(m["seq"] for m in sub.results()) >= top + 10, 30, "new results after the replays")
     code, err = daemon.stop(signal.SIGTERM)
     assert code == 0, err[-2000:]
+    assert "no replay on this connection" not in err  # granted, then a clean stop: nothing was refused
+
+
+def _window(tmp_path: Path, results: int, size: int = 100) -> Spool:
+    """A spool whose `results` results of `size` bytes were all acknowledged straight from memory."""
+    spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=60_000))
+    spool.start()
+    for _ in range(results):
+        seq = spool.next_seq("cam0")
+        spool.append("cam0", seq, 1.0, "edged/dev/cam0/results", b"x" * size)
+    spool.ack([r.id for r in spool.fetch(0, results)])
+    return spool
+
+
+def _request(rid: str, *ranges: list[int]) -> bytes:
+    return json.dumps({"v": 1, "id": rid, "pipeline": "cam0", "ranges": list(ranges)}).encode()
+
+
+def test_repeated_requests_never_push_other_results_out_of_the_window(tmp_path: Path) -> None:
+    """The loss the issue measured: 30 requests for the same seqs used to make the window answer a later request
+    for other seqs `gone`. Replayed results do not enter the window again, and 64 copies of one range in one
+    request are sent once."""
+    spool = _window(tmp_path, 200)
+    hook = ReplayRequests(spool.replay, "dev", "edged/dev/replay", bytes_per_hour=0)
+    for i in range(30):
+        got = hook.answer(_request(f"r{i}", *([[1, 20]] * 64)))
+        spool.ack([r.id for r in spool.fetch(0, 1000)])  # the broker takes what was sent again
+        assert got["replayed"] == [[1, 20]]
+    assert hook.snapshot()["replayed"] == 30 * 20  # 20 a request, not 64 x 20
+    later = hook.answer(_request("later", [21, 200]))
+    assert (later["replayed"], later["gone"]) == ([[21, 200]], [])
+    assert spool.stats()["replay_window"]["rows"] == 200
+    spool.close()
+
+
+def test_the_hour_s_budget_bounds_what_a_requester_can_make_a_device_resend(tmp_path: Path) -> None:
+    """An allowed requester asking again and again gets at most replay_max_bytes_per_hour: the rest is answered
+    over_budget (and comes when asked again later), then refused `budget`; refusals are counted."""
+    spool = _window(tmp_path, 100, size=100)
+    hook = ReplayRequests(spool.replay, "dev", "edged/dev/replay", bytes_per_hour=5_000)
+    first = hook.answer(_request("a", [1, 100]))
+    assert first["replayed"] == [[1, 50]]
+    assert first["over_budget"] == [[51, 100]]
+    second = hook.answer(_request("b", [51, 100]))
+    assert second["refused"] == "budget"
+    counts = hook.snapshot()
+    assert (counts["replayed"], counts["replayed_bytes"], counts["refused"]) == (50, 5_000, 1)
+    spool.close()
 
 
 @pytest.fixture(params=["mosquitto", "amqtt", "aedes", "ejabberd"])
@@ -183,3 +234,32 @@ def _crash_through_ingest(
                                    "the ingest's own count of what came back")  # fmt: skip
     daemon.stop(signal.SIGTERM)
     return got | {"device": device}
+
+
+class _Answers:
+    """Stands in for the connection's session: what the hook publishes (no broker needed to count answers)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+
+    def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> bool:
+        self.sent.append((topic, payload))
+        return True
+
+
+def test_a_flood_of_bad_requests_gets_one_answer_a_second_and_is_counted(tmp_path: Path) -> None:
+    """Refusals used to be answered one by one: a flood of junk made the device publish as much. Now one answer
+    a second, the rest counted; a good request after the flood is answered."""
+    spool = _window(tmp_path, 10)
+    hook = ReplayRequests(spool.replay, "dev", "edged/dev/replay", bytes_per_hour=0)
+    session = _Answers()
+    for _ in range(25):  # the queue holds 32: all of them reach the hook's turn
+        hook.message(Incoming("edged/dev/replay/request", b"junk"))
+    hook.turn(session)  # type: ignore[arg-type]
+    assert len(session.sent) == 1
+    counts = hook.snapshot()
+    assert (counts["refused"], counts["unanswered"]) == (25, 24)
+    hook.message(Incoming("edged/dev/replay/request", _request("good", [1, 5])))
+    hook.turn(session)  # type: ignore[arg-type]
+    assert json.loads(session.sent[-1][1])["replayed"] == [[1, 5]]
+    spool.close()

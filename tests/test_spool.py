@@ -516,18 +516,46 @@ def test_recent_growth_is_a_pure_read_of_what_was_noted() -> None:
     assert old.growth() == 0
 
 
-def test_status_counts_acknowledged_results_on_their_way_to_the_replay_window(tmp_path: Path) -> None:
-    """Results acknowledged before their commit reach the window lazily (up to 5 s later), yet a replay request can
-    already get them: status counts them from the first moment, and once each, before and after the commit."""
-    spool = Spool(tmp_path / "s.db", SpoolConfig(batch_ms=60_000))  # nothing committed unless flushed
+def test_the_replay_window_costs_no_write_while_running_and_survives_a_clean_stop(tmp_path: Path) -> None:
+    """Results acknowledged before their commit are held in memory for replay: no commit, no row in `sent`;
+    a clean stop writes them into the table, and the next start can still send them again."""
+    path = tmp_path / "s.db"
+    spool = Spool(path, SpoolConfig(batch_ms=60_000))
     spool.start()
     add(spool, "cam0", 4)
     spool.ack([r.id for r in spool.fetch(0, 10)])  # acknowledged straight from memory
-    before = spool.stats()["replay_window"]
-    assert before["rows"] == 4
-    assert before["bytes"] > 0
+    window = spool.stats()["replay_window"]
+    assert (window["rows"], window["memory_rows"]) == (4, 4)
     assert spool.flush()
-    assert spool.stats()["replay_window"] == before  # in the table now: the same rows, counted once
+    assert spool.writer.commits == 0  # nothing was due: the flash saw nothing of the four results
     rows, _ = spool.replay.window_rows("cam0", 1, 4, 4)
     assert [r.seq for r in rows] == [1, 2, 3, 4]
     spool.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT seq FROM sent ORDER BY seq").fetchall() == [(1,), (2,), (3,), (4,)]
+    again = Spool(path, SpoolConfig(batch_ms=60_000))
+    again.start()
+    assert again.stats()["replay_window"]["rows"] == 4
+    rows, _ = again.replay.window_rows("cam0", 2, 3, 10)
+    assert [r.seq for r in rows] == [2, 3]
+    assert again.replay.window_span("cam0") == [1, 4]
+    again.close()
+
+
+def test_a_crash_costs_the_window_s_memory_and_nothing_else(tmp_path: Path) -> None:
+    """kill -9 while results are held in the window's memory: they were delivered and are gone from the window
+    (answered `gone` to a request); the spool, the seqs and what was not delivered are as before."""
+    path = tmp_path / "s.db"
+    spool = Spool(path, SpoolConfig(batch_ms=0))
+    spool.start()
+    add(spool, "cam0", 3)
+    spool.ack([r.id for r in spool.fetch(0, 10)][:2])  # seq 3 is not acknowledged: it is committed
+    assert spool.flush()
+    copy = crash_copy(tmp_path, "crash.db")  # the files as kill -9 would leave them
+    spool.close()
+    after = Spool(copy, SpoolConfig(batch_ms=0))
+    after.start()
+    rows, waiting = after.replay.window_rows("cam0", 1, 3, 10)
+    assert (rows, waiting) == ([], [3])
+    assert after.next_seq("cam0") > 3
+    after.close()

@@ -4,6 +4,7 @@ left), the gap log. The spool that wires them is tested in test_spool.py."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from edged.store.seqlease import SeqGap
 from edged.store.settings import SpoolConfig
 from edged.store.spooldb import Row
 from edged.store.spoolspace import SpaceGuard
-from edged.store.window import ReplayWindow
+from edged.store.window import RecentlySent, ReplayWindow
 
 
 def row(i: int, seq: int, payload: bytes = b"{}") -> Row:
@@ -25,14 +26,15 @@ def row(i: int, seq: int, payload: bytes = b"{}") -> Row:
 
 
 def test_the_outbox_hands_each_row_to_one_commit_and_an_early_ack_to_the_replay_window_only() -> None:
-    box = Outbox(next_id=1, dead_letter_after=2)
-    box.keep_sent = True
+    recent = RecentlySent(window_s=60.0, max_bytes=1000)
+    box = Outbox(next_id=1, dead_letter_after=2, recent=recent)
     for seq in (1, 2, 3):
         box.add(row(box.take_id(), seq))
-    box.ack([3])  # delivered before any commit: never written to results, only to the window
+    box.ack([3], clock=5.0)  # delivered before any commit: never written to results, held by the window's memory
     first = box.take_batch(batch_max=10)
     assert [r.seq for r in first.rows] == [1, 2]
-    assert [r.seq for r in first.sent] == [3]
+    assert first.sent == []  # nothing for the window's table while the daemon runs: no write
+    assert [r.seq for r in recent.rows("cam0/results", 1, 3)] == [3]
     assert not box.take_batch(batch_max=10)  # nothing new: rows in an open commit are not taken twice
     box.committed(first)
     box.ack([1])
@@ -106,3 +108,40 @@ def test_recovery_checks_a_small_or_uncleanly_closed_spool_before_start(tmp_path
     assert moved is not None  # moved aside for forensics; a fresh spool starts
     assert moved.exists()
     assert state["depth"] == 0
+
+
+def test_the_window_s_memory_keeps_results_compressed_within_its_age_and_bytes() -> None:
+    payload = json.dumps({"v": 1, "device": "pi-kitchen-01", "pipeline": "cam0", "provider": "CPUExecutionProvider",
+                          "result": {"top": [{"index": 7, "label": "7", "score": 0.98}]}}).encode()  # fmt: skip
+    recent = RecentlySent(window_s=100.0, max_bytes=len(payload) * 300)
+    for seq in range(1, 401):
+        recent.add(row(0, seq, payload), clock=float(seq) / 10)
+    assert recent.bytes <= len(payload) * 300  # over its bytes: the oldest blocks went
+    first, last = recent.span("cam0/results") or (0, 0)
+    assert last == 400
+    assert first > 100
+    assert [r.seq for r in recent.rows("cam0/results", 390, 395)] == list(range(390, 396))
+    assert recent.rows("cam0/results", 390, 390)[0].payload == payload  # the same bytes back
+    assert recent.memory_bytes < recent.bytes / 4  # blocks of JSON results compress
+    recent.trim(clock=40.0 + 100.0 - 0.05)  # acknowledged more than 100 s before: whole blocks out
+    assert (recent.span("cam0/results") or (0, 0))[0] > first
+    assert recent.span("cam1/results") is None
+    everything = recent.take_all()
+    assert [r.seq for r in everything] == sorted(r.seq for r in everything)  # oldest first, for the table
+    assert (len(recent), recent.bytes) == (0, 0)
+
+
+def test_a_replayed_result_never_enters_the_window_again() -> None:
+    """A consumer that asks for the same seqs over and over cannot push other results out of the window."""
+    recent = RecentlySent(window_s=60.0, max_bytes=10**6)
+    box = Outbox(next_id=1, dead_letter_after=2, recent=recent)
+    first = row(box.take_id(), 1)
+    box.add(first)
+    box.ack([first.id], clock=1.0)
+    for _ in range(20):
+        box.add_again(recent.rows("cam0/results", 1, 1))
+        again = box.live_after(0, 10)
+        box.ack([r.id for r in again], clock=2.0)
+    assert len(recent) == 1
+    assert recent.rows("cam0/results", 1, 1)[0].clock == 1.0  # still the first acknowledgement's entry
+    assert box.replays == set()

@@ -117,10 +117,11 @@ class Controller(Supervised, Hook):
                 self._answer(None, None, None, ok=False, reason="busy",
                              detail=f"{QUEUE_MAX} commands wait already; send it again later")  # fmt: skip
 
-    def listening(self, on: bool) -> None:
-        """Commands can arrive (the broker granted the subscriptions), or not (the connection is gone)."""
+    def listening(self, on: bool | None) -> None:
+        """Commands can arrive (the broker granted the subscriptions), or not (refused, or the connection is
+        gone: None)."""
         with self._lock:
-            self._listening = on
+            self._listening = bool(on)
 
     def connected(self, session: Session) -> None:
         """A connection is up: the command topics subscribed (status says when the broker granted them), the

@@ -49,6 +49,7 @@ from edged.fleet.ingestparse import (
     topic_identity,
 )
 from edged.fleet.replayer import Replayer
+from edged.fleet.replaystate import ReplayState, open_replay_state
 
 log = logging.getLogger(__name__)
 
@@ -109,11 +110,12 @@ class Ingest:
         # not restarted in-process: a death (a bug; every message's failure is caught in _parse) stops the ingest
         # with exit 1, so that its supervisor restarts it and the broker sends again what was not acknowledged
         self.writer = Supervised("edged-ingest-db", target=self._write_loop, on_death=self._on_death)
-        self.replayer = (
-            Replayer(opts.client_id, opts.replay_topic, self.link.ask, opts.replay_after_s)
-            if opts.replay_topic
-            else None
-        )
+        self.replayer: Replayer | None = None
+        self._state: ReplayState | None = None  # the replayer's own connection to the shared database
+        if opts.replay_topic:
+            self._state = open_replay_state(db.url)
+            self.replayer = Replayer(opts.client_id, opts.replay_topic, self.link.ask, opts.replay_after_s,
+                                     self._state)  # fmt: skip
         self._answers = self.link.answers
 
     # -- lifecycle --------------------------------------------------------------------------------------
@@ -122,7 +124,7 @@ class Ingest:
         """Connect (resuming the session the broker kept) and start the writer."""
         if self.replayer is not None:
             try:
-                self.replayer.seed(self.db.streams(), self.db.gaps())  # what this database already misses
+                self.replayer.seed(self.db.gaps())  # what this database already misses
             except IngestError as exc:
                 log.warning("ingest: cannot read the gaps already in the database: %s", exc)
             self.replayer.start()
@@ -142,6 +144,8 @@ class Ingest:
             self._queue.put(None)
             self.writer.join(timeout)
         self.link.close()
+        if self._state is not None:
+            self._state.close()
         log.info("ingest: stopped: %s", json.dumps(self.snapshot()))
 
     def wait_connected(self, timeout: float) -> bool:

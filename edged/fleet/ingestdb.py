@@ -42,8 +42,11 @@ SQLITE_INSERT = (
     "INSERT OR IGNORE INTO results (device, pipeline, seq, ts, body, ts_original, clock, clock_boot, clock_mono) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-CLOCK_COLUMNS = (("ts_original", "DOUBLE PRECISION"), ("clock", "TEXT"), ("clock_boot", "TEXT"),
-                 ("clock_mono", "DOUBLE PRECISION"))  # fmt: skip
+# columns a database from an earlier version gets added at start: (table, column, type)
+ADDED_COLUMNS = (("results", "ts_original", "DOUBLE PRECISION"), ("results", "clock", "TEXT"),
+                 ("results", "clock_boot", "TEXT"), ("results", "clock_mono", "DOUBLE PRECISION"),
+                 ("replay_ranges", "client", "TEXT"))  # fmt: skip
+SCHEMA_LOCK = 0x6564_6765  # PostgreSQL advisory lock: one ingest at a time creates or upgrades the schema
 
 
 class CorrectionRow(NamedTuple):
@@ -136,14 +139,16 @@ SCHEMA = (
     "last BIGINT NOT NULL, body {json} NOT NULL, PRIMARY KEY (device, pipeline, first, last))",
     "CREATE TABLE IF NOT EXISTS quarantine (received DOUBLE PRECISION NOT NULL, topic TEXT NOT NULL, device TEXT, "
     "reason TEXT NOT NULL, detail TEXT NOT NULL, size BIGINT NOT NULL, payload {blob} NOT NULL)",
-    # the replayer's record (replayer.py): ranges asked for, ranges the device said are gone
+    # the replayer's record (replayer.py): ranges asked for (by which ingest), ranges the device said are gone
     "CREATE TABLE IF NOT EXISTS replay_ranges (device TEXT NOT NULL, pipeline TEXT NOT NULL, first BIGINT NOT NULL, "
-    "last BIGINT NOT NULL, outcome TEXT NOT NULL, ts DOUBLE PRECISION NOT NULL)",
+    "last BIGINT NOT NULL, outcome TEXT NOT NULL, ts DOUBLE PRECISION NOT NULL, client TEXT)",
 )
 # after the columns are there (a database from before they were gets them added: `_add_clock_columns`)
 INDEXES = (
     "CREATE INDEX IF NOT EXISTS results_unsynced ON results (device, clock_boot, clock_mono) WHERE clock = 'unsynced'",
+    "CREATE INDEX IF NOT EXISTS replay_ranges_stream ON replay_ranges (device, pipeline)",
 )
+INSERT_REPLAY = "INSERT INTO replay_ranges (device, pipeline, first, last, outcome, ts) VALUES ({p})"
 CORRECTIONS_OF = "SELECT mono, wall_offset FROM clock_corrections WHERE device = {p} AND boot = {p} ORDER BY mono"
 # a result takes the first correction of its boot at or after its capture (corrections in ascending order)
 CORRECT = (
@@ -271,14 +276,16 @@ class SqliteDatabase:
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=FULL")
             self.conn.execute("PRAGMA busy_timeout=10000")
+            self.conn.execute("BEGIN IMMEDIATE")  # two ingests starting together: one creates, the other waits
             for statement in SCHEMA:
                 self.conn.execute(statement.format(json="TEXT", blob="BLOB"))
-            have = {row[1] for row in self.conn.execute("PRAGMA table_info(results)")}
-            for column, kind in CLOCK_COLUMNS:
-                if column not in have:  # a database from before the clock columns
-                    self.conn.execute(f"ALTER TABLE results ADD COLUMN {column} {kind}")
+            for table, column, kind in ADDED_COLUMNS:
+                have = {row[1] for row in self.conn.execute(f"PRAGMA table_info({table})")}
+                if column not in have:  # a database from an earlier version
+                    self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
             for statement in INDEXES:
                 self.conn.execute(statement)
+            self.conn.execute("COMMIT")
         except sqlite3.Error as exc:
             raise IngestError(f"cannot open {path}: {exc}") from exc
 
@@ -295,7 +302,7 @@ class SqliteDatabase:
                     conn.execute(CORRECT.format(p="?"), (offset, device, boot, mono))
             conn.executemany("INSERT OR IGNORE INTO declared_gaps VALUES (?, ?, ?, ?, ?)", b.gaps)
             conn.executemany("INSERT INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?)", b.quarantine)
-            conn.executemany("INSERT INTO replay_ranges VALUES (?, ?, ?, ?, ?, ?)", b.replays)
+            conn.executemany(INSERT_REPLAY.format(p="?, ?, ?, ?, ?, ?"), b.replays)
             conn.executemany(
                 "INSERT INTO device_stats VALUES (?, ?, ?) ON CONFLICT (device) DO UPDATE "
                 "SET ts = excluded.ts, body = excluded.body WHERE excluded.ts >= device_stats.ts",
@@ -355,7 +362,6 @@ class PostgresDatabase:
     INSERT_CORRECTION = "INSERT INTO clock_corrections VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
     INSERT_GAP = "INSERT INTO declared_gaps VALUES (%s, %s, %s, %s, %s::jsonb) ON CONFLICT DO NOTHING"
     INSERT_QUARANTINE = "INSERT INTO quarantine VALUES (%s, %s, %s, %s, %s, %s, %s)"
-    INSERT_REPLAY = "INSERT INTO replay_ranges VALUES (%s, %s, %s, %s, %s, %s)"
     UPSERT_STATS = (
         "INSERT INTO device_stats VALUES (%s, %s, %s::jsonb) ON CONFLICT (device) DO UPDATE "
         "SET ts = excluded.ts, body = excluded.body WHERE excluded.ts >= device_stats.ts"
@@ -376,10 +382,13 @@ class PostgresDatabase:
         try:
             self.conn = psycopg.connect(self.url, connect_timeout=10)
             with self.conn.transaction():
+                # CREATE TABLE IF NOT EXISTS is not safe against itself: two ingests starting together on a fresh
+                # database could both create a table's type (pg_type_typname_nsp_index); one at a time
+                self.conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
                 for statement in SCHEMA:
                     self.conn.execute(statement.format(json="JSONB", blob="BYTEA"))
-                for column, kind in CLOCK_COLUMNS:  # a database from before the clock columns gets them
-                    self.conn.execute(f"ALTER TABLE results ADD COLUMN IF NOT EXISTS {column} {kind}")
+                for table, column, kind in ADDED_COLUMNS:  # a database from an earlier version gets them
+                    self.conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {kind}")
                 for statement in INDEXES:
                     self.conn.execute(statement)
                 self.conn.execute(self.INCOMING)
@@ -407,7 +416,7 @@ class PostgresDatabase:
                 for refused in b.quarantine:
                     self.conn.execute(self.INSERT_QUARANTINE, refused)
                 for replay in b.replays:
-                    self.conn.execute(self.INSERT_REPLAY, replay)
+                    self.conn.execute(INSERT_REPLAY.format(p="%s, %s, %s, %s, %s, %s"), replay)
                 self._correct(b.rows, b.corrections)
         except (psycopg.DataError, psycopg.IntegrityError, OverflowError, ValueError) as exc:
             # the server refused the data (a NUL in jsonb, a number out of range): the connection is fine, and

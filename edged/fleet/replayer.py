@@ -1,16 +1,21 @@
-"""The ingest's side of replay (docs/mqtt.md, "Replay"): find the seqs that did not arrive and ask the device.
+"""The ingest's side of replay (docs/mqtt.md, "Replay"): find the seqs no ingest has and ask the device.
 
 A broker may acknowledge a result and lose it (a crash, a bridge, a failed cluster node). The ingest follows
-each stream's seqs as rows are written: a seq past the highest one seen opens a missing range, a row inside
-one closes it. A range still missing after `replay_after_s` (a redelivery in flight, or a device's own replay,
-may fill it meanwhile) is asked for on the device's request topic, at most MAX_SEQS seqs and MAX_RANGES ranges
-a request, one request per stream at a time; unanswered or still missing, it is asked again every RETRY_S, up
-to TRIES times. The device sends what its window holds again and answers with what is gone; gone ranges are
-written to the database (`replay_ranges`, with the ranges asked), so the report tells recovered from lost.
+each stream's seqs as rows are written (seqbook.py): a seq past the highest one seen opens a *hole*, a row
+inside one fills it. A hole is only what this ingest did not see: with several ingests in one shared group most
+holes are rows another ingest wrote. So a hole still open after `replay_after_s` is checked against the
+database, the fleet's shared state (replaystate.py: one query for every stream due), and only the seqs no
+ingest has are *claimed* (written down as asked, under a lock per stream, so two ingests never ask for the same
+loss) and asked for on the device's request topic: at most MAX_SEQS seqs and MAX_RANGES ranges a request.
+Still missing after RETRY_S, a range is claimed and asked for again, up to TRIES times. The device sends what
+its window holds again and answers with what is gone; an answer counts only for a request of ours that is
+still outstanding, from the device it went to, and only within what that request asked; gone ranges are
+written to the database (`replay_ranges`), so the report tells recovered from lost.
 
-At steady state (no seq missing) this costs a dictionary update per row and nothing on the air: no
-acknowledgements per message, no polling. Seqs before the first one a stream showed this ingest are not asked
-for (it may have joined late); a loss at the very end of a stream shows once the next result arrives.
+Costs: with one ingest at steady state (no seq missing) a dictionary update per row and nothing else; with
+several, one read per `replay_after_s` covering every stream with holes; nothing on the air unless a seq is
+missing from the database. Seqs before the first one the database holds of a stream are not asked for (the
+ingest may have joined late); a loss at the very end of a stream shows once the next result arrives.
 """
 
 from __future__ import annotations
@@ -19,124 +24,113 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
+from edged.core.errors import IngestError
 from edged.core.threads import Supervised
-from edged.fleet.ingestdb import Gap, ReplayRow, Stream
+from edged.fleet.ingestdb import Gap, ReplayRow
+from edged.fleet.replaystate import ReplayState, as_ranges, subtract
+from edged.fleet.seqbook import RETRY_S, Key, Missing, Ranges, SeqBook, Turn, drop
 
 log = logging.getLogger(__name__)
 
 MAX_SEQS = 5000  # seqs one request asks for at most (the device refuses more)
 MAX_RANGES = 64
-RETRY_S = 30.0  # a range still missing this long after it was asked for is asked again ...
-TRIES = 3  # ... this many times at most
-TRACKED_MAX = 256  # missing ranges followed per stream; beyond, the oldest are given up (counted)
+OUTSTANDING_MAX = 4096  # requests whose answers are awaited; beyond, the oldest are forgotten
 
-Key = tuple[str, str]  # (device, stream)
-
-
-@dataclass
-class Missing:
-    """Seqs `first`..`last` of one stream have not arrived."""
-
-    first: int
-    last: int
-    since: float  # monotonic: when it was seen missing
-    asked: float | None = None
-    tries: int = 0
-
-
-@dataclass
-class Counts:
-    """What the replayer did."""
-
-    asked: int = 0  # seqs asked for (each time)
-    requests: int = 0
-    recovered: int = 0  # seqs that arrived after they were asked for
-    gone: int = 0  # seqs the device no longer had
-    given_up: int = 0  # seqs asked TRIES times without an answer, or beyond TRACKED_MAX
-    refused: dict[str, int] = field(default_factory=dict)  # the device's refusals, by reason
+# (ranges to claim, the asked ranges among them that are retries)
+Wanted = dict[Key, tuple[Ranges, list[Missing]]]
 
 
 class Replayer:
-    """Follows seqs, asks for the missing ones on its own thread (`edged-ingest-replay`)."""
+    """Follows seqs, checks what it did not see against the database, asks for what no ingest has, on its own
+    thread (`edged-ingest-replay`)."""
 
     def __init__(
-        self, client_id: str, request_topic: str, publish: Callable[[str, bytes], object], after_s: float
+        self,
+        client_id: str,
+        request_topic: str,
+        publish: Callable[[str, bytes], object],
+        after_s: float,
+        state: ReplayState | None = None,
     ) -> None:
+        """`state`: the shared database (None: this ingest's own view alone, for a test)."""
         self.client_id = client_id
         self.request_topic = request_topic  # a template with {device_id}
         self.publish = publish
-        self.after_s = after_s
-        self.counts = Counts()
+        self.state = state
+        self.book = SeqBook(after_s, resolving=state is not None)
+        self.counts = self.book.counts
         self._cond = threading.Condition()
-        self._top: dict[Key, int] = {}
-        self._missing: dict[Key, list[Missing]] = {}
+        self._outstanding: OrderedDict[str, tuple[Key, Ranges]] = OrderedDict()
         self._log: list[ReplayRow] = []
         self._ids = 0
+        self._in_turn = 0  # unchecked seqs in the turn being checked now
         self._stopping = False
         self.thread = Supervised("edged-ingest-replay", target=self._loop)
 
     # -- what the writer tells it (edged-ingest-db thread) ---------------------------------------------
 
-    def seed(self, streams: Iterable[Stream], gaps: Iterable[Gap]) -> None:
-        """At start: each stream's highest seq, and the gaps the database already has (asked for again)."""
+    def seed(self, gaps: Iterable[Gap]) -> None:
+        """At start: the gaps the database already has, checked (and asked for) at once."""
         now = time.monotonic()
+        book = self.book
         with self._cond:
-            for s in streams:
-                self._top[(s.device, s.pipeline)] = s.last
             for g in gaps:
-                self._track((g.device, g.pipeline), Missing(g.first, g.last, now))
+                key = (g.device, g.pipeline)
+                st = book.stream(key, g.last + 1, now)
+                book.add_hole(st, Missing(g.first, g.last, now - book.after_s))
+                book.reschedule(key, st)
             self._cond.notify_all()
 
     def note(self, rows: Iterable[tuple[str, str, int]]) -> None:
-        """Rows just written: advance each stream, open and close missing ranges."""
+        """Rows just written: advance each stream, open and fill holes."""
         now = time.monotonic()
-        opened = False
+        woke = False
         with self._cond:
             for device, stream, seq in rows:
-                key = (device, stream)
-                top = self._top.get(key)
-                if top is None or seq == top + 1:
-                    self._top[key] = seq if top is None else max(top, seq)
-                elif seq > top + 1:
-                    self._track(key, Missing(top + 1, seq - 1, now))
-                    self._top[key] = seq
-                    opened = True
-                elif key in self._missing:
-                    self._fill(key, seq)
-            if opened:
+                woke |= self.book.note((device, stream), seq, now)
+            if woke:
                 self._cond.notify_all()
 
     def answered(self, device: str, body: dict[str, Any]) -> None:
-        """A device's answer to a request of ours: gone ranges are written down and no longer asked for."""
+        """A device's answer: believed only for a request of ours still outstanding, from the device it went
+        to, and only within the ranges it asked; gone ranges are written down and no longer asked for."""
         rid, stream = body.get("id"), body.get("pipeline")
-        if not isinstance(rid, str) or not rid.startswith(f"{self.client_id}-") or not isinstance(stream, str):
-            return  # another ingest's, or a refusal without our id
-        refused = body.get("refused")
         with self._cond:
+            entry = self._outstanding.get(rid) if isinstance(rid, str) else None
+            if entry is None or entry[0] != (device, stream) or not isinstance(rid, str):
+                self.counts.foreign_answers += 1  # another ingest's, a refusal without an id, or forged
+                return
+            refused = body.get("refused")
             if isinstance(refused, str):
                 self.counts.refused[refused[:32]] = self.counts.refused.get(refused[:32], 0) + 1
                 return  # asked again at the next retry
-            for first, last in _pairs(body.get("gone")):
-                self._log.append(ReplayRow(device, stream, first, last, "gone", time.time()))
-                self.counts.gone += self._drop((device, stream), first, last)
+            del self._outstanding[rid]
+            key, asked = entry
+            st = self.book.streams.get(key)
+            for first, last in clip(_pairs(body.get("gone")), asked):
+                self._log.append(ReplayRow(device, key[1], first, last, "gone", time.time()))
+                self.counts.gone += drop(st.asked, first, last) if st is not None else 0
 
     def take_log(self) -> list[ReplayRow]:
-        """The ranges asked for and found gone since the last call (the writer writes them)."""
+        """The ranges found gone since the last call (the writer writes them; the claim writes asked ones)."""
         with self._cond:
             out, self._log = self._log, []
             return out
 
     def snapshot(self) -> dict[str, Any]:
-        """The counters, and the seqs missing now."""
+        """The counters, and the seqs missing now (missing from the database, being asked for)."""
         with self._cond:
             c = self.counts
-            missing = sum(m.last - m.first + 1 for ms in self._missing.values() for m in ms)
             return {"asked": c.asked, "requests": c.requests, "recovered": c.recovered, "gone": c.gone,
-                    "given_up": c.given_up, "refused": dict(c.refused), "missing_now": missing}  # fmt: skip
+                    "given_up": c.given_up, "refused": dict(c.refused), "missing_now": self.book.missing_now(),
+                    "unchecked": self.book.unchecked() + self._in_turn,
+                    "checked": c.checked, "claimed_elsewhere": c.claimed_elsewhere,
+                    "streams": len(self.book.streams), "forgotten": c.forgotten, "check_errors": c.check_errors,
+                    "foreign_answers": c.foreign_answers}  # fmt: skip
 
     # -- the thread --------------------------------------------------------------------------------------
 
@@ -155,91 +149,122 @@ class Replayer:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and (wait := self._next_due_s()) != 0.0:
-                    self._cond.wait(wait)  # None: asleep until a range opens
+                while not self._stopping and (wait := self.book.wait_s(time.monotonic())) != 0.0:
+                    self._cond.wait(wait)  # None: asleep until a hole opens
                 if self._stopping:
                     return
-                requests = self._due_requests()
+                turn = self.book.take_due(time.monotonic())
+                self._in_turn = sum(h.last - h.first + 1 for hs in turn.holes.values() for h in hs) + len(turn.resolve)
+            try:
+                requests = self._claim(self._check(turn))
+            except IngestError as exc:  # the database is away: the ranges go back, checked again later
+                log.warning("ingest: cannot check missing seqs against the database: %s", exc)
+                with self._cond:
+                    self.book.put_back(turn)
+                    self._in_turn = 0
+                    self.counts.check_errors += 1
+                    self._cond.wait(min(RETRY_S, max(1.0, self.book.after_s)))
+                continue
+            with self._cond:
+                self._in_turn = 0
             for topic, payload in requests:
                 self.publish(topic, payload)
 
-    def _next_due_s(self) -> float | None:
-        now = time.monotonic()
-        due = [
-            (m.since + self.after_s) if m.asked is None else (m.asked + RETRY_S)
-            for ms in self._missing.values()
-            for m in ms
-            if m.tries < TRIES
-        ]
-        return max(0.0, min(due) - now) if due else None
+    def _check(self, turn: Turn) -> Wanted:
+        """What of the turn's holes no ingest wrote, and its retries (the database answers without the lock)."""
+        state, book = self.state, self.book
+        if turn.resolve and state is not None:
+            tops = state.tops_below(turn.resolve)
+            now = time.monotonic()
+            for device, stream, seq in turn.resolve:
+                below = tops.get((device, stream))
+                if below is not None and below < seq - 1:  # lost while this ingest did not follow the stream
+                    turn.holes.setdefault((device, stream), []).append(Missing(below + 1, seq - 1, now))
+        spans = [(k[0], k[1], h.first, h.last) for k, hs in turn.holes.items() for h in hs]
+        present = state.present(spans) if state is not None and spans else set()
+        by_key: dict[Key, list[int]] = {}
+        for device, stream, seq in present:
+            by_key.setdefault((device, stream), []).append(seq)
+        wanted: Wanted = {}
+        for key, holes in turn.holes.items():
+            found = as_ranges(sorted(set(by_key.get(key, ()))))
+            missing = subtract([(h.first, h.last) for h in holes], found)
+            with self._cond:
+                book.counts.checked += sum(b - a + 1 for a, b in found)
+            if missing:
+                wanted[key] = (missing, [])
+        for key, ms in turn.retries.items():
+            ranges, old = wanted.get(key, ([], []))
+            wanted[key] = (ranges + [(m.first, m.last) for m in ms], old + ms)
+        return wanted
 
-    def _due_requests(self) -> list[tuple[str, bytes]]:
-        now, out = time.monotonic(), []
-        for (device, stream), ms in self._missing.items():
-            due = [m for m in ms if m.tries < TRIES and now >= ((m.since + self.after_s) if m.asked is None
-                                                                  else (m.asked + RETRY_S))]  # fmt: skip
-            ranges: list[list[int]] = []
-            budget = MAX_SEQS
-            for m in due[:MAX_RANGES]:
-                last = min(m.last, m.first + budget - 1)
-                ranges.append([m.first, last])
-                budget -= last - m.first + 1
-                m.asked, m.tries = now, m.tries + 1
-                self._log.append(ReplayRow(device, stream, m.first, last, "asked", time.time()))
-                if budget <= 0:
-                    break
-            if not ranges:
-                continue
-            self._ids += 1
-            body = {"v": 1, "id": f"{self.client_id}-{self._ids}", "pipeline": stream, "ranges": ranges}
-            self.counts.requests += 1
-            self.counts.asked += sum(b - a + 1 for a, b in ranges)
-            topic = self.request_topic.replace("{device_id}", device) + "/request"
-            out.append((topic, json.dumps(body, separators=(",", ":")).encode("utf-8")))
-        for key in [k for k, ms in self._missing.items() if all(m.tries >= TRIES for m in ms)]:
-            for m in self._missing.pop(key):
-                self.counts.given_up += m.last - m.first + 1
+    def _claim(self, wanted: Wanted) -> list[tuple[str, bytes]]:
+        """Claim each stream's missing ranges (one request's worth; the rest due again at once) and build the
+        requests for what the claims gave this ingest."""
+        out = []
+        book = self.book
+        for (device, stream), (candidates, retried) in wanted.items():
+            ranges, rest = one_request(sorted(candidates))
+            if self.state is not None:
+                claimed, present = self.state.claim(device, stream, ranges, self.client_id, time.time(), RETRY_S)
+            else:
+                claimed, present = ranges, []
+            now = time.monotonic()
+            with self._cond:
+                c = book.counts
+                c.recovered += sum(1 for s in present if any(m.first <= s <= m.last for m in retried))
+                c.claimed_elsewhere += sum(b - a + 1 for a, b in subtract(subtract(ranges, claimed),
+                                                                          as_ranges(sorted(present))))  # fmt: skip
+                st = book.streams.get((device, stream))
+                if st is None:
+                    continue
+                for a, b in rest:
+                    book.add_hole(st, Missing(a, b, now - book.after_s))
+                tries = max((m.tries for m in retried), default=0) + 1
+                if claimed:
+                    out.append(self._request(device, stream, claimed))
+                    book.asked((device, stream), claimed, tries, now)
+                book.reschedule((device, stream), st)
         return out
 
-    # -- ranges (with the lock held) ---------------------------------------------------------------------
+    def _request(self, device: str, stream: str, ranges: Ranges) -> tuple[str, bytes]:
+        """One request (with the lock), remembered until answered."""
+        self._ids += 1
+        rid = f"{self.client_id}-{self._ids}"
+        body = {"v": 1, "id": rid, "pipeline": stream, "ranges": [list(r) for r in ranges]}
+        self._outstanding[rid] = ((device, stream), ranges)
+        while len(self._outstanding) > OUTSTANDING_MAX:
+            self._outstanding.popitem(last=False)
+        self.counts.requests += 1
+        self.counts.asked += sum(b - a + 1 for a, b in ranges)
+        topic = self.request_topic.replace("{device_id}", device) + "/request"
+        return topic, json.dumps(body, separators=(",", ":")).encode("utf-8")
 
-    def _track(self, key: Key, missing: Missing) -> None:
-        ms = self._missing.setdefault(key, [])
-        ms.append(missing)
-        ms.sort(key=lambda m: m.first)
-        while len(ms) > TRACKED_MAX:
-            old = ms.pop(0)
-            self.counts.given_up += old.last - old.first + 1
 
-    def _fill(self, key: Key, seq: int) -> None:
-        ms = self._missing[key]
-        for i, m in enumerate(ms):
-            if m.first <= seq <= m.last:
-                if m.asked is not None:
-                    self.counts.recovered += 1
-                parts = [Missing(a, b, m.since, m.asked, m.tries) for a, b in ((m.first, seq - 1), (seq + 1, m.last))]
-                ms[i : i + 1] = [p for p in parts if p.first <= p.last]
-                break
-        if not ms:
-            del self._missing[key]
+def one_request(ranges: Ranges) -> tuple[Ranges, Ranges]:
+    """(what one request asks: MAX_RANGES ranges and MAX_SEQS seqs at most, the rest)."""
+    out: Ranges = []
+    budget = MAX_SEQS
+    for i, (a, b) in enumerate(ranges):
+        if len(out) == MAX_RANGES or budget == 0:
+            return out, ranges[i:]
+        last = min(b, a + budget - 1)
+        out.append((a, last))
+        budget -= last - a + 1
+        if last < b:
+            return out, [(last + 1, b), *ranges[i + 1 :]]
+    return out, []
 
-    def _drop(self, key: Key, first: int, last: int) -> int:
-        """Stop following first..last of a stream; how many seqs were followed."""
-        ms = self._missing.get(key, [])
-        dropped, kept = 0, []
-        for m in ms:
-            lo, hi = max(m.first, first), min(m.last, last)
-            if lo > hi:
-                kept.append(m)
-                continue
-            dropped += hi - lo + 1
-            kept += [Missing(a, b, m.since, m.asked, m.tries) for a, b in ((m.first, lo - 1), (hi + 1, m.last))
-                     if a <= b]  # fmt: skip
-        if kept:
-            self._missing[key] = kept
-        else:
-            self._missing.pop(key, None)
-        return dropped
+
+def clip(pairs: list[tuple[int, int]], asked: Ranges) -> Ranges:
+    """What of `pairs` lies within the ranges a request asked for."""
+    out: Ranges = []
+    for a, b in pairs:
+        for lo, hi in asked:
+            x, y = max(a, lo), min(b, hi)
+            if x <= y:
+                out.append((x, y))
+    return out
 
 
 def _pairs(value: object) -> list[tuple[int, int]]:

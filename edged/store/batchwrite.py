@@ -43,10 +43,11 @@ class BatchWriter:
         shows. On an error the transaction is left open for the caller to roll back."""
         n = before.copy()
         spooldb.begin(conn)
-        self.window.write(conn, batch.acks, batch.sent, clock)  # acknowledged: kept a while for a replay request
+        self.window.write(conn, batch.window_acks, batch.sent, clock)  # acknowledged: kept a while for a replay request
         rows, size = spooldb.delete_ids(conn, batch.acks)
         n.depth, n.bytes = n.depth - rows, n.bytes - size
-        self.window.trim(conn, clock, rows + len(batch.sent), size + sum(len(r.payload) for r in batch.sent))
+        copied = rows if len(batch.window_acks) == len(batch.acks) else min(rows, len(batch.window_acks))
+        self.window.trim(conn, clock, copied + len(batch.sent), size + sum(len(r.payload) for r in batch.sent))
         spooldb.save_tries(conn, batch.tries)
         if batch.dead:
             moved = spooldb.move_to_dead_letters(conn, batch.dead, self.dead_letter_after)

@@ -29,7 +29,7 @@ class Ledger:
         self.changes = 0  # moves whenever `fetch` may return something new
         self.closing = False
         self.meta_dirty = False  # counts or gaps changed without a row: the next commit saves them
-        self.sending_to_window: list[Row] = []  # acknowledged rows in the writer's open commit to the window
+        self.sending_to_window: list[Row] = []  # the window's memory in the writer's open commit (a clean stop)
         self.listeners: list[Callable[[], None]] = []
         self._clock_base = clock_base
         self._mono0 = time.monotonic()
@@ -64,6 +64,6 @@ class Ledger:
         return self.n.depth - len(self.outbox.acked) + self.outbox.unacked_pending()
 
     def window_due(self, stream: str) -> list[Row]:
-        """A stream's acknowledged rows on their way to the replay window: in memory, or in the writer's open
-        commit (with `cond` held)."""
+        """A stream's acknowledged rows on their way from the window's memory to its table at a clean stop:
+        taken for the commit, or in the writer's open commit (with `cond` held)."""
         return [r for r in (*self.outbox.sent_due, *self.sending_to_window) if r.stream == stream]

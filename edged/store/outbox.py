@@ -12,11 +12,11 @@ Not thread-safe by itself: the spool calls it with its lock held.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from edged.store.spooldb import Row
+from edged.store.window import RecentlySent
 
 
 @dataclass
@@ -28,7 +28,8 @@ class Batch:
     tries: dict[int, int] = field(default_factory=dict)  # committed row id -> refusals so far
     dead: dict[int, str] = field(default_factory=dict)  # committed row id -> reason
     dead_rows: list[tuple[Row, str]] = field(default_factory=list)  # never committed, dead on arrival
-    sent: list[Row] = field(default_factory=list)  # acknowledged before their commit: into the replay window
+    sent: list[Row] = field(default_factory=list)  # the replay window's memory, into its table (a clean stop)
+    window_acks: list[int] = field(default_factory=list)  # of `acks`, those that go to the window (not replays)
 
     def __bool__(self) -> bool:
         return bool(self.rows or self.acks or self.tries or self.dead or self.dead_rows or self.sent)
@@ -37,7 +38,8 @@ class Batch:
 class Outbox:
     """Pending results, acknowledged-but-not-deleted rows, refusals and dead letters."""
 
-    def __init__(self, next_id: int, dead_letter_after: int) -> None:
+    def __init__(self, next_id: int, dead_letter_after: int, recent: RecentlySent | None = None) -> None:
+        """`recent`: the replay window's memory (None: acknowledged results are not kept)."""
         self.next_id = next_id
         self.dead_letter_after = dead_letter_after
         self.pending: dict[int, Row] = {}  # id order = append order
@@ -51,9 +53,9 @@ class Outbox:
         self.dead: dict[int, str] = {}  # refused dead_letter_after times: never sent again
         self._dead_due: dict[int, str] = {}
         self.acked_pending = 0  # results acknowledged before their commit (never written)
-        self.keep_sent = True  # acknowledged results go to the replay window (spool.replay_max_bytes > 0)
-        self.sent_due: list[Row] = []  # acknowledged before their commit: written to the window lazily
-        self.sent_since: float | None = None  # monotonic time the oldest of them waits since
+        self.recent = recent  # acknowledged before their commit: the replay window holds them in memory
+        self.replays: set[int] = set()  # ids of results sent again on request: they never re-enter the window
+        self.sent_due: list[Row] = []  # the window's memory, taken for the table at a clean stop (`flush_recent`)
 
     # -- producers -------------------------------------------------------------------------------------
 
@@ -95,18 +97,18 @@ class Outbox:
         skip = {i for i in self.acked if i > after_id} if self.acked_max > after_id else set()
         return skip | {i for i in self.dead if i > after_id} if self.dead else skip
 
-    def ack(self, row_ids: Iterable[int]) -> None:
-        """The broker acknowledged these rows."""
+    def ack(self, row_ids: Iterable[int], clock: float = 0.0) -> None:
+        """The broker acknowledged these rows (at spool clock `clock`)."""
         for row_id in row_ids:
             if row_id in self.dead:
                 continue  # acknowledged after all, but already set aside: it stays a dead letter
             row = self.pending.pop(row_id, None)
             if row is not None and row_id > self.writing_upto:
                 self.acked_pending += 1  # delivered before its commit: only the replay window gets it
-                if self.keep_sent:
-                    if not self.sent_due:
-                        self.sent_since = time.monotonic()
-                    self.sent_due.append(row)
+                if row_id in self.replays:
+                    self.replays.discard(row_id)  # sent again on request: it is in the window already
+                elif self.recent is not None:
+                    self.recent.add(row, clock)
                 continue
             if row_id not in self.acked:
                 self.acked.add(row_id)
@@ -153,7 +155,8 @@ class Outbox:
                 batch.rows.append(row._replace(tries=self._tries.get(row_id, 0)))
             self.writing_upto = row_id
         batch.acks, self._acks = self._acks, []
-        batch.sent, self.sent_due, self.sent_since = self.sent_due, [], None
+        batch.window_acks = [i for i in batch.acks if i not in self.replays] if self.replays else batch.acks
+        batch.sent, self.sent_due = self.sent_due, []
         batch.tries, self._tries_due = self._tries_due, {}
         batch.dead = {i: r for i, r in self._dead_due.items() if i not in self.pending}
         for row_id in batch.dead:
@@ -172,9 +175,11 @@ class Outbox:
             self.acked_max = 0
         for row_id in batch.acks:
             self._tries.pop(row_id, None)
+            self.replays.discard(row_id)
         for row_id in [*batch.dead, *(row.id for row, _ in batch.dead_rows)]:
             self._tries.pop(row_id, None)
             self.dead.pop(row_id, None)  # out of `results` now: nothing left to skip
+            self.replays.discard(row_id)
 
     def add_again(self, rows: Iterable[Row]) -> int:
         """Results from the replay window, sent again under new ids (a consumer asked for them); how many."""
@@ -182,8 +187,14 @@ class Outbox:
         for row in rows:
             row_id = self.take_id()
             self.pending[row_id] = row._replace(id=row_id, tries=0)
+            self.replays.add(row_id)
             count += 1
         return count
+
+    def flush_recent(self) -> None:
+        """A clean stop: the window's memory goes into the next commit (the table keeps it for the next start)."""
+        if self.recent is not None and len(self.recent):
+            self.sent_due += self.recent.take_all()
 
     def has_due(self) -> bool:
         """Deletes, refusal counts or dead letters wait for a commit."""

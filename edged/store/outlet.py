@@ -8,6 +8,8 @@ from typing import Protocol
 
 from edged.store.spooldb import Row
 
+__all__ = ["Outlet", "ReplaySource", "Row"]
+
 
 class Outlet(Protocol):
     """Rows to send, oldest first, and what became of each: acknowledged or refused."""

@@ -4,8 +4,9 @@ trusted after a crash, and when the integrity check runs before start. How durab
 
 - **Commits** (`commit_wait_s`): a group commit once `spool.batch_max` unacknowledged results wait in memory
   or the oldest has waited `spool.batch_ms`, first wins; at once for a flush or changed counters; deletes and
-  refusals within `batch_ms` of the first; acknowledged results for the replay window lazily, every
-  SENT_FLUSH_S or SENT_BATCH rows (a healthy online device costs the flash next to nothing).
+  refusals within `batch_ms` of the first. Results acknowledged before their commit cost no commit at all: the
+  replay window holds them in memory until a clean stop (window.py), so a healthy online device writes
+  nothing.
 - **fsync** (`synchronous`): `sync: full` fsyncs the WAL at every commit, so what status calls stored
   survives a power cut; `normal` only at checkpoints (a power cut can take back every commit since the last).
 - **Trust after a crash** (`settled_marks_trusted`): the seq marks committed with the rows are trusted across
@@ -21,8 +22,6 @@ from dataclasses import dataclass
 from edged.store.settings import SpoolConfig
 
 CHECK_INLINE_BYTES = 64 * 2**20  # files up to this size are checked before start (about a second on a Pi)
-SENT_FLUSH_S = 5.0  # acknowledged results wait in memory at most this long before they are written to the window
-SENT_BATCH = 512  # ... or until this many wait
 
 
 @dataclass(frozen=True)
@@ -52,19 +51,17 @@ class Durability:
         """Whether the integrity check runs before the spool opens (else in the background)."""
         return size <= CHECK_INLINE_BYTES or not clean
 
-    def commit_wait_s(  # noqa: PLR0917  (what the writer knows of what waits)
+    def commit_wait_s(
         self,
+        *,
         urgent: bool,
         unacked: int,
         oldest_pending_age_s: float | None,
         changes_age_s: float | None,
-        sent_age_s: float | None,
-        sent_waiting: int,
     ) -> float | None:
         """0 when a commit is due now, else how long until one will be (None: nothing waits). `urgent`: a
         flush waits or the counters changed; `unacked`: unacknowledged results in memory; the ages: of the
-        oldest of them, of the first delete or refusal not committed, of the first acknowledged result on its
-        way to the replay window (`sent_waiting` of them)."""
+        oldest of them, of the first delete or refusal not committed."""
         if urgent or unacked >= self.batch_max:
             return 0.0
         waits = []
@@ -72,10 +69,6 @@ class Durability:
             waits.append(self.batch_s - oldest_pending_age_s)
         if changes_age_s is not None:
             waits.append(self.batch_s - changes_age_s)
-        if sent_age_s is not None:
-            if sent_waiting >= SENT_BATCH:
-                return 0.0
-            waits.append(SENT_FLUSH_S - sent_age_s)
         if not waits:
             return None
         return max(0.0, min(waits))

@@ -87,7 +87,8 @@ class Spool:
         if self.recovered_from is not None:
             recovery.count_quarantined(self.recovered_from, n, committed)
             meta_dirty = True
-        outbox = Outbox(state["next_id"], dead_letter_after)
+        self.window = ReplayWindow(cfg, wconn)  # the replay window: in memory while running, a table at a stop
+        outbox = Outbox(state["next_id"], dead_letter_after, self.window.recent if self.window.enabled else None)
         self.ledger = led = Ledger(outbox, n, {}, {}, float(state["clock"]))
         trusted = led.settled if self.policy.settled_marks_trusted else None
         self.seqs = SeqAllocator(recovery.floor_path(path), committed, trusted)
@@ -102,12 +103,10 @@ class Spool:
         # per seq stream: the highest seq appended, and a cap while a gap is not announced yet
         led.appended = self.seqs.last()
         led.caps = {g.stream: g.first - 1 for g in self.seqs.gaps}
-        self.window = ReplayWindow(cfg, wconn)
-        outbox.keep_sent = self.window.enabled
         batches = BatchWriter(cfg, self.space, self.window, dead_letter_after)
         parts = (self.space, self.window, self.gap_log, self.seqs)
         self.writer = SpoolWriter(led, wconn, self.policy, batches, parts=parts, batch_max=cfg.batch_max)
-        self.replay = ReplayView(led, self.reader)  # what the uplink's replay requests read (outlet.ReplaySource)
+        self.replay = ReplayView(led, self.reader, self.window)  # the replay requests read it (outlet.ReplaySource)
         self.intake = IntakeRate()  # bytes a second appended: what an outage would have to hold
         self.clock = led.clock  # the spool clock: seconds edged has been running, accumulated across restarts
         self.wait_for_commit = self.writer.wait_for_commit
@@ -200,7 +199,7 @@ class Spool:
     def ack(self, row_ids: list[int]) -> None:
         """The broker acknowledged these rows: a pending one is never written, a committed one is deleted."""
         with self.ledger.cond:
-            self.ledger.outbox.ack(row_ids)
+            self.ledger.outbox.ack(row_ids, self.ledger.clock())
             self.writer.due_soon()
 
     def refuse(self, row_id: int, reason: str, *, final: bool = False) -> bool:

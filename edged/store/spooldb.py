@@ -352,9 +352,10 @@ def copy_to_sent(conn: sqlite3.Connection, ids: list[int], clock: float) -> None
         conn.execute(COPY_TO_SENT, (clock, json.dumps(ids)))
 
 
-def insert_sent(conn: sqlite3.Connection, rows: list[Row], clock: float) -> None:
-    """Results acknowledged before they were ever committed, into the window."""
-    conn.executemany(INSERT_SENT, [(r.stream, r.seq, r.ts, clock, r.topic, r.payload) for r in rows])
+def insert_sent(conn: sqlite3.Connection, rows: list[Row]) -> None:
+    """Results acknowledged before they were ever committed (the window's memory, at a clean stop), into the
+    table; each row's `clock` is the spool clock of its acknowledgement."""
+    conn.executemany(INSERT_SENT, [(r.stream, r.seq, r.ts, r.clock, r.topic, r.payload) for r in rows])
 
 
 def sent_size(conn: sqlite3.Connection) -> tuple[int, int]:
@@ -383,12 +384,15 @@ def trim_sent(conn: sqlite3.Connection, before_clock: float, over_bytes: int) ->
             return rows, size
 
 
-def sent_rows(conn: sqlite3.Connection, pipeline: str, first: int, last: int, limit: int) -> list[Row]:
-    """The window's rows of one stream with first <= seq <= last, by seq (id 0: not a spool row)."""
+def sent_rows(  # noqa: PLR0917  (a range query)
+    conn: sqlite3.Connection, pipeline: str, first: int, last: int, limit: int, since: float
+) -> list[Row]:
+    """The table's rows of one stream with first <= seq <= last that entered the window at spool clock `since`
+    or later, by seq (id 0: not a spool row)."""
     cur = conn.execute(
         "SELECT pipeline, seq, ts, clock, topic, payload FROM sent WHERE pipeline = ? AND seq BETWEEN ? AND ? "
-        "ORDER BY seq LIMIT ?",
-        (pipeline, first, last, limit),
+        "AND clock >= ? ORDER BY seq LIMIT ?",
+        (pipeline, first, last, since, limit),
     )
     return [Row(0, p, int(s), float(t), float(c), str(tp), bytes(pl)) for p, s, t, c, tp, pl in cur]
 
@@ -412,9 +416,11 @@ def acked_span(conn: sqlite3.Connection, pipeline: str, ids: list[int]) -> tuple
     return None if low is None else (int(low), int(high))
 
 
-def sent_span(conn: sqlite3.Connection, pipeline: str) -> tuple[int, int] | None:
-    """The lowest and highest seq of a stream in the window, or None."""
-    low, high = conn.execute("SELECT MIN(seq), MAX(seq) FROM sent WHERE pipeline = ?", (pipeline,)).fetchone()
+def sent_span(conn: sqlite3.Connection, pipeline: str, since: float) -> tuple[int, int] | None:
+    """The lowest and highest seq of a stream in the table that entered it at spool clock `since` or later."""
+    low, high = conn.execute(
+        "SELECT MIN(seq), MAX(seq) FROM sent WHERE pipeline = ? AND clock >= ?", (pipeline, since)
+    ).fetchone()
     return None if low is None else (int(low), int(high))
 
 

@@ -104,6 +104,8 @@ class SpoolWriter:
                 while not led.closing and (wait := self._wait_s()) != 0.0:
                     led.cond.wait(wait)
                 box = led.outbox
+                if led.closing:
+                    box.flush_recent()  # a clean stop: the window's memory into its table, for the next start
                 keep = set(box.acked)
                 batch = box.take_batch(self.batch_max)
                 led.sending_to_window = batch.sent  # in the commit now: still readable for a replay request
@@ -129,8 +131,6 @@ class SpoolWriter:
             unacked=box.unacked_pending(),
             oldest_pending_age_s=led.clock() - first.clock if first is not None else None,
             changes_age_s=now - self._due_since if self._due_since is not None else None,
-            sent_age_s=now - box.sent_since if box.sent_since is not None else None,
-            sent_waiting=len(box.sent_due),
         )
 
     def _commit(self, batch: Batch, keep: set[int], marks: dict[str, int]) -> None:

@@ -22,7 +22,7 @@ from edged.uplink.brokerlimits import BrokerLimits, publish_size
 
 log = logging.getLogger(__name__)
 
-Granted = Callable[[bool], None]
+Granted = Callable[[bool | None], None]  # True: granted; False: refused; None: the connection went
 
 
 class Session:
@@ -35,7 +35,7 @@ class Session:
         self._lock = threading.Lock()
         self._asked: dict[int, Granted] = {}  # SUBSCRIBE mid -> who waits for its SUBACK
         self._early: dict[int, bool] = {}  # a SUBACK that beat subscribe()'s return (paho's thread is quick)
-        self._granted: list[Granted] = []  # told False when the connection goes
+        self._granted: list[Granted] = []  # told None when the connection goes
 
     def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> bool:
         """Publish when the broker accepts the size (False, with a warning, when not); retain only when the
@@ -50,13 +50,13 @@ class Session:
 
     def subscribe(self, filters: list[str], granted: Granted) -> None:
         """Subscribe (QoS 1); `granted(True)` once the broker grants every filter, `granted(False)` when it
-        refuses one or the connection goes (paho's thread: record, nothing else)."""
+        refuses one, `granted(None)` when the connection goes (paho's thread: record, nothing else)."""
         if not filters:
             return
         rc, mid = self.client.subscribe([(f, 1) for f in filters])
         if mid is None:  # not sent (the connection just went): nothing is listened to
             log.warning("mqtt: could not subscribe to %s: %s", filters, rc)
-            granted(False)
+            granted(None)
             return
         with self._lock:
             self._granted.append(granted)
@@ -81,11 +81,11 @@ class Session:
             granted(ok)
 
     def closed(self) -> None:
-        """The connection is gone: nothing subscribed on it is listened to any more."""
+        """The connection is gone: nothing subscribed on it is listened to any more (no refusal: None)."""
         with self._lock:
             waiting, self._granted = self._granted, []
         for granted in waiting:
-            granted(False)
+            granted(None)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from edged.core.settings import NAME_MAX, Strict, check_order
+from edged.core.settings import NAME_MAX, Size, Strict, check_order
 
 
 class TlsConfig(Strict):
@@ -112,6 +112,12 @@ class MqttConfig(Strict):
         "edged/{device_id}/replay",
         description="Replay requests come on <this>/request and are answered on <this>/answer (docs/mqtt.md: a "
         "consumer asks for results a broker lost after acknowledging them); empty: no replay.",
+    )
+    replay_max_bytes_per_hour: Size = Field(
+        32 * 2**20,
+        description="Payload bytes sent again on replay requests per hour at most, beside 1,000 results a second "
+        "(twice the default window: a broker crash that lost the whole window gets it back twice an hour); what "
+        "is over it is answered over_budget and comes when asked again; 0 = no hourly bound.",
     )
     clock_topic: str = Field(
         "edged/{device_id}/clock",
