@@ -250,6 +250,19 @@ def _tool_parsers(sub: Subparsers[argparse.ArgumentParser]) -> None:
     _fleet_parser(sub)
 
 
+def _size(text: str) -> int:
+    """A size flag: bytes, or 64MiB / 1GB."""
+    from edged.core.units import parse_size  # noqa: PLC0415  (argument parsing only)
+
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    if not isinstance(value, int) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or 64MiB / 1GB)")
+    return value
+
+
 def _ingest_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     i = sub.add_parser(
         "ingest",
@@ -280,6 +293,10 @@ def _ingest_parser(sub: Subparsers[argparse.ArgumentParser]) -> None:
     i.add_argument(
         "--replay-after", type=float, default=5.0, help="seconds a seq may be missing before it is asked for"
     )
+    i.add_argument("--quarantine-rows", type=int, default=1000,
+                   help="refused messages kept per device at most; the oldest go first (counted)")  # fmt: skip
+    i.add_argument("--quarantine-bytes", default="64MiB", type=_size,
+                   help="refused messages' bytes kept in all at most (64MiB, 1GB); the oldest go first")  # fmt: skip
     _broker_args(i)
 
 

@@ -108,14 +108,15 @@ class ControlPort:
         raise EdgedError(f"no pipeline {name!r}")
 
 
-def control_hooks(cfg: Config, publisher: Publisher, port: ControlPort) -> Controller | None:
+def control_hooks(cfg: Config, publisher: Publisher, port: ControlPort, clock: ClockWatch) -> Controller | None:
     """Remote control (off unless `control:` is configured) rides on the publisher's connection: the controller
     and its side channel (replies, events and the reported state: not spooled, before the next results)."""
     if cfg.control is None:
         return None
     side = SideChannel()
     publisher.add_hook(side)
-    controller = Controller(cfg.control, cfg.device_id, cfg.state_dir, target=port, side=side)
+    controller = Controller(cfg.control, cfg.device_id, cfg.state_dir, target=port, side=side,
+                            last_step=lambda: clock.last_step)  # fmt: skip
     publisher.add_hook(controller)  # its command topics ride on the connection
     return controller
 
@@ -250,7 +251,7 @@ class Daemon:
                                                  cfg.mqtt.replay_max_bytes_per_hour)  # fmt: skip
                     self.publisher.add_hook(self.replay)
                 self.controller = control_hooks(cfg, self.publisher, ControlPort(
-                    self.reloader, self.pipelines, self.report.snapshot, self.candidate_check))  # fmt: skip
+                    self.reloader, self.pipelines, self.report.snapshot, self.candidate_check), self.clock)  # fmt: skip
                 if (announce := discovery_hook(cfg, self.topics)) is not None:
                     self.publisher.add_hook(announce)
             models = load_models(self.pipelines, cfg.state_dir)

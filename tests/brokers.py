@@ -1,9 +1,10 @@
 """More broker implementations for the tests, each as its registry ships it and run with its defaults:
 amqtt (PyPI; 3.1.1 only, it never answers an MQTT 5 CONNECT that edged sends) in its own venv, Aedes (npm;
-3.1.1 only, it refuses MQTT 5 with 0x84) with the machine's Node.js, both installed by `scripts/setup dev` under
-`.brokers/`, and ejabberd's `mod_mqtt` (Debian; MQTT 5 and 3.1.1; anonymous logins still need a user name, so
-`username` is set). Each keeps its sessions and queued messages in memory, as by default: a crash loses what it
-had acknowledged (the end-to-end replay is what recovers it). ejabberd keeps retained messages on disk (Mnesia).
+3.1.1 only, it refuses MQTT 5 with 0x84) with the machine's Node.js, mqttools' broker (PyPI; MQTT 5 only, and
+QoS 0 only: CONNACK Maximum QoS 0) in its own venv, all installed by `scripts/setup dev` under `.brokers/`, and
+ejabberd's `mod_mqtt` (Debian; MQTT 5 and 3.1.1; anonymous logins still need a user name, so `username` is
+set). Each keeps its sessions and queued messages in memory, as by default: a crash loses what it had
+acknowledged (the end-to-end replay is what recovers it). ejabberd keeps retained messages on disk (Mnesia).
 
 Each is started in its own process group, with `host` and `port` as conftest.Broker's, so `subscribe` and
 the daemon's config take them alike; `kill()` is a crash (SIGKILL), `stop()` a clean stop.
@@ -22,6 +23,7 @@ from conftest import answers, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 AMQTT = ROOT / ".brokers" / "amqtt" / "bin" / "amqtt"
+MQTTOOLS = ROOT / ".brokers" / "mqttools" / "bin" / "mqttools"
 AEDES = ROOT / ".brokers" / "aedes" / "node_modules" / "aedes" / "aedes.js"
 AEDES_SCRIPT = Path(__file__).resolve().parent / "brokers" / "aedes.mjs"
 EJABBERDCTL = Path("/usr/sbin/ejabberdctl")
@@ -32,7 +34,7 @@ START_TIMEOUT_S = 120  # ejabberd: about 20 s on a loaded 2-core machine
 class OtherBroker:
     """One broker process listening on 127.0.0.1:`port`."""
 
-    kind: str  # amqtt | aedes | ejabberd
+    kind: str  # amqtt | aedes | ejabberd | mqttools
     workdir: Path
     host: str = "127.0.0.1"
     port: int = 0
@@ -56,6 +58,11 @@ class OtherBroker:
             return [str(AMQTT), "-c", str(conf)], dict(os.environ)
         if self.kind == "ejabberd":
             return self._ejabberd()
+        if self.kind == "mqttools":  # MQTT 5 only, and QoS 0 only (CONNACK Maximum QoS 0)
+            if not MQTTOOLS.exists():
+                pytest.fail("mqttools is not installed; the README's test command installs it (.brokers/mqttools)")
+            return [str(MQTTOOLS), "broker", "--host", self.host, "--port", str(self.port), "--secure-port",
+                    str(free_port())], dict(os.environ)  # fmt: skip
         if not AEDES.exists():
             pytest.fail("aedes is not installed; the README's test command installs it (.brokers/aedes, npm)")
         return ["node", str(AEDES_SCRIPT), str(self.port)], os.environ | {"AEDES": str(AEDES)}

@@ -144,8 +144,9 @@ def test_a_command_sync_without_its_command_is_a_config_error_with_the_line() ->
 def test_a_step_of_the_wall_clock_is_seen_at_the_next_frame_and_distrusts_it_until_the_service_confirms(
     tmp_path: Path,
 ) -> None:
-    """A real step, of a real process's clock (libfaketime): the frame after it is flagged, the step counted,
-    and the check the step asks for trusts the clock again with the new offset (the service still vouches)."""
+    """A real step, of a real process's clock (libfaketime): the frame after it is flagged, the step counted;
+    the check the step asks for does not trust the clock while the flag file is the one from before the step,
+    and trusts it with the new offset once the time service wrote the file again."""
     spec = tmp_path / "faketime"
     spec.write_text("+0\n", encoding="utf-8")
     flag = tmp_path / "synchronized"
@@ -161,6 +162,10 @@ def test_a_step_of_the_wall_clock_is_seen_at_the_next_frame_and_distrusts_it_unt
         stamp = watch.stamp(time.time())
         out |= {{"flagged": stamp is not None, "wanted": watch.check_wanted.is_set(), "state": watch.describe()}}
         watch.check()
+        out["still_flagged"] = watch.stamp(time.time()) is not None
+        Path({str(flag)!r}).unlink()
+        Path({str(flag)!r}).touch()
+        watch.check()
         out |= {{"after": watch.stamp(time.time()) is None, "corrections": watch.corrections}}
         print(json.dumps(out))
     """)
@@ -173,6 +178,7 @@ def test_a_step_of_the_wall_clock_is_seen_at_the_next_frame_and_distrusts_it_unt
     assert out["wanted"]
     assert out["state"]["steps"] == 1
     assert -3610 < out["state"]["last_step"]["by_s"] < -3590
+    assert out["still_flagged"]  # the file from before the step vouches for nothing after it
     assert out["after"]
     (correction,) = out["corrections"]
     assert correction["offset"] < time.time() - boottime() - 3590  # the stepped clock's offset
@@ -306,3 +312,34 @@ def test_without_a_kernel_boot_id_the_stamps_name_the_process_and_the_ingest_sti
     assert body["clock"]["boot"].startswith("process-")
     (row,) = parse_results(json.dumps({**body, "device": "d", "pipeline": "p"}).encode(), Identity("d", "p"))
     assert row.clock == "unsynced"
+
+
+def test_after_a_step_the_flag_file_vouches_again_only_once_the_time_service_writes_it_again(
+    tmp_path: Path,
+) -> None:
+    """`clock.sync: file` used to trust the clock again at the next check after a step of -1 h or +1 day,
+    because the flag file still existed: results stamped an hour early, unflagged, status `synchronized`. The
+    file that vouched for the time before the step does not vouch for it after."""
+    flag = tmp_path / "synchronized"
+    flag.touch()
+    watch = ClockWatch(ClockConfig(sync="file", file=flag), tmp_path)
+    watch.check()
+    assert watch.describe()["state"] == "synchronized"
+    assert watch.stamp(time.time() - 3600.0, boottime()) is not None  # a frame sees the wall clock step back 1 h
+    watch.check()
+    assert watch.describe()["state"] == "unsynchronized"
+    assert watch.describe()["detail"] == f"{flag} was not written again since the clock stepped"
+    assert watch.stamp(time.time()) is not None  # still flagged
+    flag.unlink()
+    flag.touch()  # systemd-timesyncd writes it again once it has set the clock
+    watch.check()
+    assert watch.describe()["state"] == "synchronized"
+
+
+def test_a_command_refused_stale_by_a_device_whose_clock_stepped_says_so() -> None:
+    from edged.control.controller import stepped_note
+
+    note = stepped_note({"by_s": -3600.0, "at": time.time() - 5}, max_age_s=300)
+    assert "this device's clock stepped by -3600 s 5 s ago" in note
+    assert stepped_note({"by_s": -3600.0, "at": time.time() - 3600}, max_age_s=300) == ""  # long ago: not why
+    assert stepped_note(None, max_age_s=300) == ""

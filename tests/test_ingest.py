@@ -24,8 +24,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 from pgserver import PgServer
 
 from edged.fleet.ingest import Ingest, IngestOptions
-from edged.fleet.ingestdb import CorrectionRow, GapRow, IngestBatch, ResultRow, StatsRow, open_database
-from edged.fleet.ingestparse import Identity, parse_results
+from edged.fleet.ingestdb import CorrectionRow, GapRow, IngestBatch, QuarantineRow, ResultRow, StatsRow, open_database
+from edged.fleet.ingestparse import Identity, RefusedError, parse_clock, parse_results
+from edged.fleet.quarantinedb import QUARANTINE_BURST, QuarantineGate
 from edged.fleet.report import build_report
 
 pytestmark = pytest.mark.integration
@@ -438,6 +439,35 @@ def test_results_stamped_by_an_unsynchronized_clock_are_corrected_whichever_arri
         db.close()
 
 
+def test_a_forged_clock_correction_is_undone_by_the_device_s_own_and_an_implausible_one_refused(
+    db_url: str,
+) -> None:
+    """A client without the ACL published a clock message under the device's topic: its rows moved to its time,
+    and the device's genuine message later fixed only new rows (the first correction won). A clock message is
+    the device's whole list: the next one replaces the forged one and corrects every row of the boot again from
+    the device's own stamp. A correction to 1979 is refused at the door, and an empty retained message (the
+    device's cleared) is ignored."""
+    db = open_database(db_url)
+    now = 1_800_000_000.0
+    try:
+        db.write(IngestBatch([_flagged("a", s, 86_400.0 + s, "boot-1", 10.0 + s) for s in range(1, 4)]))
+        forged = CorrectionRow("a", "boot-1", 30.0, 1_650_000_000.0)  # plausible (2022), and false
+        db.write(IngestBatch(corrections=[forged]))
+        assert _rows(db_url, "a")[1] == (1_650_000_011.0, 86_401.0, "corrected")
+        genuine = CorrectionRow("a", "boot-1", 20.0, 1_764_680_000.0)
+        db.write(IngestBatch(corrections=[genuine]))  # the device's own message: its whole list for boot-1
+        rows = _rows(db_url, "a")
+        assert rows[1] == (1_764_680_011.0, 86_401.0, "corrected")  # from the device's stamp, not the forged ts
+        assert rows[3] == (1_764_680_013.0, 86_403.0, "corrected")
+    finally:
+        db.close()
+    sender = Identity("a", None)
+    to_1979 = json.dumps({"device": "a", "corrections": [{"boot": "boot-1", "mono": 20.0, "offset": 3e8}]})
+    with pytest.raises(RefusedError, match="before 2020"):
+        parse_clock(to_1979.encode(), sender, now)
+    assert parse_clock(b"", sender, now) == []
+
+
 def _rows(url: str, device: str) -> dict[int, tuple[float, float | None, str | None]]:
     db = open_database(url)
     try:
@@ -489,3 +519,31 @@ def test_a_broker_that_refuses_only_the_clock_topic_still_gets_an_ingest_that_sa
         assert not ingest.wait_connected(0)
     finally:
         ingest.db.close()
+
+
+def test_the_quarantine_is_bounded_per_device_and_in_bytes_and_says_what_it_dropped(db_url: str) -> None:
+    """60 kB of junk for 10 s grew the database to 2.4 GB. Now each device keeps its newest refused messages
+    up to the row bound, all of them up to the byte bound, and the report counts what went."""
+    db = open_database(db_url)
+    try:
+        for i in range(6):  # six batches of 10 refused messages from one device, 1 kB kept each
+            rows = [QuarantineRow(float(i * 10 + j), "edged/junk/x/results", "junk", "not_json", "x", 1024,
+                                  b"j" * 1024) for j in range(10)]  # fmt: skip
+            db.write(IngestBatch(quarantine=rows, quarantine_rows=25, quarantine_bytes=10**9))
+        assert db.quarantined()["junk"] == {"not_json": 25, "dropped_oldest": 35}
+        other = [QuarantineRow(100.0 + j, "edged/b/x/results", "b", "not_json", "x", 1024, b"b" * 1024)
+                 for j in range(10)]  # fmt: skip
+        db.write(IngestBatch(quarantine=other, quarantine_rows=25, quarantine_bytes=20 * 1024))
+        kept = db.quarantined()
+        assert kept["junk"]["not_json"] + kept["b"]["not_json"] == 20  # 20 kB in all: the oldest (junk's) went
+        assert kept["b"]["not_json"] == 10
+        assert kept["junk"]["dropped_oldest"] == 35 + 15
+    finally:
+        db.close()
+
+
+def test_a_device_s_refused_messages_past_its_budget_are_counted_not_written() -> None:
+    gate = QuarantineGate()
+    written = sum(gate.admit("junk") for _ in range(10_000))
+    assert written <= QUARANTINE_BURST + 1
+    assert gate.admit("another") is True  # one device's flood costs another nothing

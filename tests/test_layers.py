@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
+from typing import TypeGuard
 
 from conftest import REPO
 
@@ -62,3 +63,40 @@ def test_no_class_has_more_than_fifteen_methods() -> None:
                 if len(methods) > MAX_METHODS:
                     big.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {len(methods)} methods")
     assert not big, big
+
+
+# what threading.Thread keeps for itself, in every Python edged supports (3.13 added `_handle`, a name edged's
+# controller used for a method: every remote command then died on "'_ThreadHandle' object is not callable")
+THREAD_PRIVATE = {"_handle", "_started", "_is_stopped", "_tstate_lock", "_stop", "_wait_for_tstate_lock", "_target",
+                  "_args", "_kwargs", "_name", "_ident", "_native_id", "_daemonic", "_stderr", "_invoke_excepthook",
+                  "_bootstrap", "_bootstrap_inner", "_delete", "_set_ident", "_set_native_id", "_set_tstate_lock",
+                  "_reset_internal_locks", "_context", "_set_os_name", "_os_thread_handle"}  # fmt: skip
+
+
+def _sets_on_self(node: ast.AST) -> TypeGuard[ast.Attribute]:
+    return (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+            and isinstance(node.ctx, ast.Store))  # fmt: skip
+
+
+def test_no_thread_subclass_takes_a_name_threading_thread_keeps_for_itself() -> None:
+    """A `threading.Thread` subclass must not define a method or set an attribute whose name the Thread class
+    uses privately in any supported Python: it silently replaces Thread's own (held for 3.10 to 3.13)."""
+    import importlib
+    import threading
+
+    private = THREAD_PRIVATE | {n for n in dir(threading.Thread) if n.startswith("_") and not n.startswith("__")}
+    private |= {n for n in vars(threading.Thread()) if n.startswith("_")}
+    clashes = []
+    for path in sorted((REPO / "edged").rglob("*.py")):
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            cls = getattr(importlib.import_module(module), node.name, None)
+            if not (isinstance(cls, type) and issubclass(cls, threading.Thread)):
+                continue
+            names = {n.name for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+            names |= {t.attr for t in ast.walk(node) if _sets_on_self(t)}
+            clashes += [f"{path.relative_to(REPO)} {node.name}.{n}" for n in sorted(names & private)]
+    assert not clashes, clashes

@@ -8,6 +8,7 @@ from pathlib import Path
 from edged.control.context import SideSender
 from edged.control.modelfetch import MQTT_PREFIX, ChunkCollector, write_chunks
 from edged.core.errors import CommandError
+from edged.uplink.hooks import Incoming
 from edged.uplink.sidechannel import SideMessage
 
 
@@ -26,7 +27,7 @@ class ChunkFetch:
         collector = ChunkCollector(sha256, max_bytes)
         topic = f"{MQTT_PREFIX}/{sha256}/#"
         self._collector = collector
-        self.side.send(SideMessage(topic, b"", op="subscribe"))
+        self.side.send(SideMessage(topic, b"", op="subscribe", on_message=self._message))
         try:
             collector.done.wait(timeout)
         finally:
@@ -49,4 +50,10 @@ class ChunkFetch:
         """A new connection while a download runs: subscribe to its chunks again."""
         collector = self._collector
         if collector is not None and self.side is not None:
-            self.side.send(SideMessage(f"{MQTT_PREFIX}/{collector.sha256}/#", b"", op="subscribe"))
+            self.side.send(SideMessage(f"{MQTT_PREFIX}/{collector.sha256}/#", b"", op="subscribe",
+                                       on_message=self._message))  # fmt: skip
+
+    def _message(self, message: Incoming) -> None:
+        """A chunk (paho's thread): to the download, routed here and only here."""
+        if message.topic is not None:
+            self.offer(message.topic, message.payload)

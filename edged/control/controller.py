@@ -25,6 +25,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from edged.control.statereport import StateReporter
 from edged.core.errors import CommandError, EdgedError
 from edged.core.threads import Restart, Supervised
 from edged.uplink.hooks import Hook, Incoming, Session
+from edged.uplink.mqttclient import TokenBucket
 from edged.uplink.sidechannel import SideMessage
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,8 @@ log = logging.getLogger(__name__)
 QUEUE_MAX = 16  # command messages waiting at most; beyond, they are refused as `busy`
 MAX_RESPONSE_TOPIC = 1024  # characters of an MQTT 5 response topic edged answers on
 BUSY_ANSWER_EVERY_S = 1.0  # refusals of a full queue are answered at most this often (all are counted)
+REFUSAL_ANSWERS_PER_S = 5.0  # refusals before a command could be trusted: answered at most this often ...
+REFUSAL_ANSWERS_BURST = 20.0  # ... after a burst of this many (an operator's mistakes all get theirs)
 REFUSALS = frozenset({"bad_model_signature", "hash_mismatch", "too_large", "malformed"})  # counted as refused
 ROLLOUT_OUTCOMES = {"validation_failed": "rejected", "too_slow": "rejected", "check_failed": "rejected",
                     "rolled_back": "rolled_back"}  # fmt: skip
@@ -60,10 +64,18 @@ class Controller(Supervised, Hook):
     through statereport.py."""
 
     def __init__(
-        self, cfg: ControlConfig, device_id: str, state_dir: Path, *, target: ControlTarget, side: SideSender | None
+        self,
+        cfg: ControlConfig,
+        device_id: str,
+        state_dir: Path,
+        *,
+        target: ControlTarget,
+        side: SideSender | None,
+        last_step: Callable[[], dict[str, float] | None] | None = None,
     ) -> None:
+        """`last_step()`: the device's latest wall-clock step (`by_s`, `at`), to say why a command is stale."""
         # restarts after a death: the queue, the gate and its nonces are the object's, so a new body goes on
-        # where the old one stopped (_handle answers any one message's failure as `internal`: a death is a bug)
+        # where the old one stopped (_take answers any one message's failure as `internal`: a death is a bug)
         super().__init__("edged-control", restart=Restart())
         self.cfg = cfg
         self.device_id = device_id
@@ -77,6 +89,10 @@ class Controller(Supervised, Hook):
         self._lock = threading.Lock()
         self._busy = 0
         self._busy_answered = -BUSY_ANSWER_EVERY_S
+        # refusals of commands that cannot be trusted are answered within a budget (the rest only counted)
+        self._refusal_answers = TokenBucket(REFUSAL_ANSWERS_PER_S, burst=REFUSAL_ANSWERS_BURST)
+        self.unanswered = 0
+        self._last_step = last_step
         self._started_sent = False
         self._listening = False  # the broker granted the command subscriptions on the current connection
         self.rollouts = {"kept": 0, "rejected": 0, "rolled_back": 0}
@@ -126,7 +142,7 @@ class Controller(Supervised, Hook):
     def connected(self, session: Session) -> None:
         """A connection is up: the command topics subscribed (status says when the broker granted them), the
         retained state again, and `started` once."""
-        session.subscribe(self.topics(), self.listening)
+        session.subscribe(self.topics(), self.listening, self.message, on="cmd")
         if not self._started_sent:
             self._started_sent = True
             self.state.event("started", version=__version__)
@@ -158,9 +174,9 @@ class Controller(Supervised, Hook):
             item = self._queue.get()  # asleep until a command comes
             if item is None:
                 return
-            self._handle(*item)
+            self._take(*item)
 
-    def _handle(self, topic: str, payload: bytes, response_topic: str | None, correlation: bytes | None) -> None:
+    def _take(self, topic: str, payload: bytes, response_topic: str | None, correlation: bytes | None) -> None:
         """One command message, whatever it holds: every failure is caught here, counted and answered, so no
         message can end this thread."""
         try:
@@ -178,8 +194,17 @@ class Controller(Supervised, Hook):
                 topic, payload, response_topic=response_topic, correlation=correlation, check_args=parse_args
             )
         except CommandError as exc:  # no id to echo (unsigned, tampered...): the sender knows its bytes' hash
-            self._answer(None, response_topic, correlation, ok=False, reason=exc.reason, detail=str(exc),
-                         command_sha256=hashlib.sha256(payload).hexdigest())  # fmt: skip
+            with self._lock:
+                answer = self._refusal_answers.allow() >= 1
+                if answer:
+                    self._refusal_answers.take(1)
+                else:
+                    self.unanswered += 1
+            if answer:
+                step = self._last_step() if self._last_step is not None and exc.reason == "stale" else None
+                detail = str(exc) + stepped_note(step, self.cfg.max_age_s)
+                self._answer(None, response_topic, correlation, ok=False, reason=exc.reason, detail=detail,
+                             command_sha256=hashlib.sha256(payload).hexdigest())  # fmt: skip
             return
         if command.name == "status":  # read-only and quick: answered even while a job runs
             self._run(command, topic, response_topic, correlation, started)
@@ -256,5 +281,16 @@ class Controller(Supervised, Hook):
                 snap["refused"]["busy"] = snap["refused"].get("busy", 0) + self._busy
             snap["rollouts"] = dict(self.rollouts)
             snap["listening"] = self._listening
+            snap["unanswered"] = self.unanswered
         snap["topics"] = self.topics()
         return snap
+
+
+def stepped_note(step: dict[str, float] | None, max_age_s: float) -> str:
+    """What a stale refusal adds when this device's own clock stepped lately (`step`: its `by_s`, `at`): the
+    device's `now` moved, not the command's."""
+    if not step or time.time() - float(step.get("at", 0.0)) > 2 * max_age_s:
+        return ""
+    ago = max(0.0, time.time() - float(step["at"]))
+    return (f"; this device's clock stepped by {float(step['by_s']):+.0f} s {ago:.0f} s ago: a command signed "
+            "before the step is measured against the new time (sign it again)")  # fmt: skip

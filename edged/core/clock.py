@@ -12,8 +12,10 @@ edged does not guess which times are right; it asks:
   (a container whose host keeps the time).
 - **Did the wall clock step?** Its distance to CLOCK_BOOTTIME (which counts from the boot and never jumps)
   is watched at every check and at every frame: a change larger than `clock.step_s` is a step. A step is
-  counted and logged, and the clock is taken as unsynchronized until the next check asks the time service
-  again.
+  counted and logged, and the clock is taken as unsynchronized until the time service vouches for it *after*
+  the step: the kernel's status (a manual set raises its "unsynchronized" flag), the command (run after the
+  step), or the flag file written again since the last check before the step (its inode or times changed: the
+  file that was there then vouched for the time before the step, and a `date -s` leaves it in place).
 
 A frame captured while the clock is not trusted is stamped with what corrects its time later: the boot id
 and its CLOCK_BOOTTIME capture time (`Unsynced`). Once the clock is synchronized (same boot), the true time
@@ -150,8 +152,18 @@ def _command_synced(argv: list[str]) -> tuple[bool, str]:
     return done.returncode == 0, f"the command {argv[0]} exited {done.returncode}"
 
 
-def ask(cfg: ClockConfig) -> tuple[bool, str]:
-    """(synchronized, what said so) by `cfg.sync`."""
+def _file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """What tells one write of the flag file from another (inode, mtime, ctime in ns); None while it is absent."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_ctime_ns
+
+
+def ask(cfg: ClockConfig, file_at_step: tuple[int, int, int] | None = None) -> tuple[bool, str]:
+    """(synchronized, what said so) by `cfg.sync`. `file_at_step`: the flag file as it was when the clock last
+    stepped: the same file does not vouch for the time after the step (the time service must write it again)."""
     if cfg.sync == "assume":
         return True, "assumed (clock.sync: assume)"
     if cfg.sync == "command":
@@ -159,7 +171,15 @@ def ask(cfg: ClockConfig) -> tuple[bool, str]:
     kernel = kernel_synced() if cfg.sync in {"auto", "kernel"} else None
     if kernel or cfg.sync == "kernel":
         return bool(kernel), "the kernel's time status" + " is unreadable" * (kernel is None)
-    if cfg.file.exists():
+    return _file_says(cfg, file_at_step)
+
+
+def _file_says(cfg: ClockConfig, file_at_step: tuple[int, int, int] | None) -> tuple[bool, str]:
+    """The flag file's verdict (after the kernel's, with `auto`)."""
+    stamp = _file_stamp(cfg.file)
+    if stamp is not None and file_at_step is not None and stamp == file_at_step:
+        return False, f"{cfg.file} was not written again since the clock stepped"
+    if stamp is not None:
         return True, f"{cfg.file} exists"
     if cfg.sync == "file":
         return False, f"{cfg.file} does not exist"
@@ -184,6 +204,8 @@ class ClockWatch:
         self.flagged = 0  # frames stamped unsynchronized by this process
         self.version = 0  # bumped at every change a consumer should hear of
         self.check_wanted = threading.Event()  # a step seen by a source: the daemon checks at once
+        self._file_seen: tuple[int, int, int] | None = None  # the flag file as the last check found it
+        self._file_at_step: tuple[int, int, int] | None = None  # ... and as the last check before a step did
         self._offset = time.time() - boottime()
         self._listeners: list[Callable[[], None]] = []
         saved = read_json(self.state_path, "clock") if self.state_path is not None else None
@@ -237,13 +259,14 @@ class ClockWatch:
     def check(self) -> None:
         """Ask the time service; note a step, a change of state, and the correction a synchronization brings."""
         self.check_wanted.clear()
-        try:
-            synced, detail = ask(self.cfg)
-        except OSError as exc:  # the flag file's folder unreadable, say: not vouched for, and said so
-            synced, detail = False, f"cannot ask: {exc}"
         offset = time.time() - boottime()
         if abs(offset - self._offset) > self.cfg.step_s:
-            self._stepped(offset)
+            self._stepped(offset)  # before asking: the answer must be about the time after the step
+        try:
+            synced, detail = ask(self.cfg, self._file_at_step)
+            self._file_seen = _file_stamp(self.cfg.file)
+        except OSError as exc:  # the flag file's folder unreadable, say: not vouched for, and said so
+            synced, detail = False, f"cannot ask: {exc}"
         changed = False
         with self._lock:
             self.detail = detail
@@ -291,6 +314,8 @@ class ClockWatch:
             self._offset = offset
             self.steps += 1
             self.last_step = {"by_s": round(by, 3), "at": round(time.time(), 3)}
+            # the flag file as the last check before the step saw it vouched for the time before the step only
+            self._file_at_step = self._file_seen
             was = self.synced
             if self.cfg.sync != "assume":
                 self.synced = False  # until the time service says so again

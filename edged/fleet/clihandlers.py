@@ -41,6 +41,8 @@ def _options(args: argparse.Namespace) -> IngestOptions:
         session_expiry_s=args.session_expiry,
         replay_topic=args.replay_topic,
         replay_after_s=max(0.0, args.replay_after),
+        quarantine_rows=max(1, args.quarantine_rows),
+        quarantine_bytes=args.quarantine_bytes,
         ca_file=args.ca_file,
         cert_file=args.cert_file,
         key_file=args.key_file_tls,

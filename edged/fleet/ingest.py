@@ -48,14 +48,17 @@ from edged.fleet.ingestparse import (
     parse_stats,
     topic_identity,
 )
+from edged.fleet.quarantinedb import QuarantineGate
 from edged.fleet.replayer import Replayer
 from edged.fleet.replaystate import ReplayState, open_replay_state
+from edged.fleet.seqbounds import SeqBounds
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Ingest", "IngestCounters", "IngestOptions"]
 
 LOG_EVERY_S = 10.0
+LOGGED_REFUSALS = 5  # refused messages logged per batch at most (a junk flood must not flood the journal)
 
 
 @dataclass
@@ -70,16 +73,21 @@ class _Parsed:
     corrections: list[CorrectionRow] = field(default_factory=list)
     refused: tuple[str, str] | None = None
     answer: dict[str, Any] | None = None  # a device's answer to a replay request (nothing to write)
+    skipped: bool = False  # refused faster than its device's quarantine budget: counted, not written
 
 
-def _batch(parsed: list[_Parsed], now: float, replays: list[ReplayRow] | None = None) -> IngestBatch:
+def _batch(
+    parsed: list[_Parsed], now: float, replays: list[ReplayRow] | None = None, opts: IngestOptions | None = None
+) -> IngestBatch:
     """The database write of some messages: their rows (one per key), stats, gaps, clock corrections and
-    quarantined ones (and the replay records of this turn)."""
+    quarantined ones (those `skipped` only counted), and the replay records of this turn."""
     rows: dict[tuple[str, str, int], ResultRow] = {}
     stats: list[StatsRow] = []
     gaps: list[GapRow] = []
     quarantine: list[QuarantineRow] = []
     for p in parsed:
+        if p.refused is not None and p.skipped:
+            continue
         if p.refused is not None:
             payload = p.item.payload
             detail = p.refused[1][:500].replace("\x00", "\\0")  # text columns: no NUL (PostgreSQL refuses it)
@@ -90,8 +98,28 @@ def _batch(parsed: list[_Parsed], now: float, replays: list[ReplayRow] | None = 
             rows[(row.device, row.pipeline, row.seq)] = row  # the same result twice in one batch: once
         stats += p.stats
         gaps += p.gaps
-    corrections = [c for p in parsed if p.refused is None for c in p.corrections]
-    return IngestBatch(list(rows.values()), stats, gaps, quarantine, replays or [], corrections)
+    latest: dict[str, list[CorrectionRow]] = {}  # a clock message is the device's whole list: the last one wins
+    for p in parsed:
+        if p.refused is None and p.corrections:
+            latest[p.corrections[0].device] = p.corrections
+    corrections = [c for cs in latest.values() for c in cs]
+    batch = IngestBatch(list(rows.values()), stats, gaps, quarantine, replays or [], corrections)
+    if opts is not None:
+        batch.quarantine_rows, batch.quarantine_bytes = opts.quarantine_rows, opts.quarantine_bytes
+    return batch
+
+
+def parse_answer(answers: str, item: Received) -> _Parsed:
+    """A device's answer to a replay request (on `answers`, a filter with the device at its `+`): for the
+    replayer, never written; refused if unreadable."""
+    device = item.topic.split("/")[answers.split("/").index("+")]
+    try:
+        body = loads(item.payload, max_bytes=64 << 10, what="replay answer")
+    except InputError as exc:
+        return _Parsed(item, device, refused=(exc.reason, str(exc)))
+    if not isinstance(body, dict):
+        return _Parsed(item, device, refused=("malformed", "a replay answer is a JSON object"))
+    return _Parsed(item, device, answer=body)
 
 
 class Ingest:
@@ -117,6 +145,8 @@ class Ingest:
             self.replayer = Replayer(opts.client_id, opts.replay_topic, self.link.ask, opts.replay_after_s,
                                      self._state)  # fmt: skip
         self._answers = self.link.answers
+        self._quarantine_gate = QuarantineGate()
+        self.bounds = SeqBounds()  # how far a stream's seq may jump (seqbounds.py)
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -163,6 +193,7 @@ class Ingest:
                 "duplicates": c.duplicates,
                 "malformed": c.malformed,
                 "quarantined": dict(c.quarantined),
+                "quarantine_skipped": c.quarantine_skipped,
                 "stats": c.stats,
                 "db_errors": c.db_errors,
                 "connects": c.connects,
@@ -218,7 +249,7 @@ class Ingest:
         """One message as rows, stats or a gap; or refused, with why (never an exception: see ingestparse.py)."""
         o = self.opts
         if self._answers and paho.topic_matches_sub(self._answers, item.topic):
-            return self._parse_answer(item)
+            return parse_answer(self._answers, item)
         kinds = (
             ("stats", o.stats_topic),
             ("gaps", o.gaps_topic),
@@ -235,7 +266,7 @@ class Ingest:
             elif kind == "gaps":
                 parsed.gaps = [parse_gap(item.payload, sender)]
             elif kind == "clock":
-                parsed.corrections = parse_clock(item.payload, sender)
+                parsed.corrections = parse_clock(item.payload, sender, now)
             else:
                 parsed.rows = parse_results(item.payload, sender)
         except RefusedError as exc:
@@ -245,26 +276,28 @@ class Ingest:
             return _Parsed(item, sender.device, refused=("internal", f"{type(exc).__name__}: {exc}"))
         return parsed
 
-    def _parse_answer(self, item: Received) -> _Parsed:
-        """A device's answer to a replay request: for the replayer, never written; refused if unreadable."""
-        device = item.topic.split("/")[self._answers.split("/").index("+")]
-        try:
-            body = loads(item.payload, max_bytes=64 << 10, what="replay answer")
-        except InputError as exc:
-            return _Parsed(item, device, refused=(exc.reason, str(exc)))
-        if not isinstance(body, dict):
-            return _Parsed(item, device, refused=("malformed", "a replay answer is a JSON object"))
-        return _Parsed(item, device, answer=body)
+    def _screen(self, parsed: list[_Parsed]) -> None:
+        """Refuse results whose seq jumps past belief (seqbounds.py: `implausible_seq`); mark refused messages
+        past their device's quarantine budget as only counted (quarantinedb.py)."""
+        self.bounds.note_stats(s for p in parsed if p.refused is None for s in p.stats)
+        for p in parsed:
+            why = next((w for r in p.rows if (w := self.bounds.implausible(r))), None) if p.refused is None else None
+            if why is not None:
+                p.refused, p.rows = ("implausible_seq", why), []
+            if p.refused is not None and not self._quarantine_gate.admit(p.device):
+                p.skipped = True
 
     def _write(self, items: list[Received], backoff: Backoff) -> None:
         now = time.time()
         parsed = [self._parse(item, now) for item in items]
+        self._screen(parsed)
         replays = self.replayer.take_log() if self.replayer is not None else []
         done = self._commit(parsed, now, backoff, replays)
         if done is None:
             return  # stopping while the database is away: nothing acknowledged, the broker sends them again
         inserted, refused = done
         self.link.ack(items)
+        self.bounds.note_written(r for p in parsed if p.refused is None for r in p.rows)
         if self.replayer is not None:
             self.replayer.note((r.device, r.pipeline, r.seq) for p in parsed if p.refused is None for r in p.rows)
             for p in parsed:
@@ -282,7 +315,8 @@ class Ingest:
             for p in refused:
                 reason = p.refused[0] if p.refused else "?"
                 c.quarantined[reason] = c.quarantined.get(reason, 0) + 1
-        for p in refused:
+            c.quarantine_skipped += sum(1 for p in refused if p.skipped)
+        for p in refused[:LOGGED_REFUSALS]:
             log.warning("ingest: a message on %s quarantined (%s): %s", p.item.topic[:200], *(p.refused or ("?", "")))
 
     def _commit(
@@ -306,7 +340,7 @@ class Ingest:
 
     def _write_isolating(self, parsed: list[_Parsed], now: float, replays: list[ReplayRow]) -> int:
         try:
-            return self.db.write(_batch(parsed, now, replays))
+            return self.db.write(_batch(parsed, now, replays, self.opts))
         except IngestDataError as exc:
             log.warning("ingest: the database refused a batch (%s); writing it message by message", exc)
         inserted = 0
@@ -314,10 +348,10 @@ class Ingest:
             if p.refused is not None:
                 continue
             try:
-                inserted += self.db.write(_batch([p], now))
+                inserted += self.db.write(_batch([p], now, opts=self.opts))
             except IngestDataError as exc:
                 p.refused = ("db_refused", str(exc))
-        self.db.write(_batch([p for p in parsed if p.refused is not None], now, replays))
+        self.db.write(_batch([p for p in parsed if p.refused is not None], now, replays, self.opts))
         return inserted
 
     def _note_error(self, message: str) -> None:

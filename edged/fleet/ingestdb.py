@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from edged.core.errors import IngestDataError, IngestError
+from edged.fleet import quarantinedb
 
 
 class ResultRow(NamedTuple):
@@ -142,6 +143,7 @@ SCHEMA = (
     # the replayer's record (replayer.py): ranges asked for (by which ingest), ranges the device said are gone
     "CREATE TABLE IF NOT EXISTS replay_ranges (device TEXT NOT NULL, pipeline TEXT NOT NULL, first BIGINT NOT NULL, "
     "last BIGINT NOT NULL, outcome TEXT NOT NULL, ts DOUBLE PRECISION NOT NULL, client TEXT)",
+    quarantinedb.SCHEMA,  # what the quarantine's bounds took out, per device
 )
 # after the columns are there (a database from before they were gets them added: `_add_clock_columns`)
 INDEXES = (
@@ -149,11 +151,18 @@ INDEXES = (
     "CREATE INDEX IF NOT EXISTS replay_ranges_stream ON replay_ranges (device, pipeline)",
 )
 INSERT_REPLAY = "INSERT INTO replay_ranges (device, pipeline, first, last, outcome, ts) VALUES ({p})"
-CORRECTIONS_OF = "SELECT mono, wall_offset FROM clock_corrections WHERE device = {p} AND boot = {p} ORDER BY mono"
-# a result takes the first correction of its boot at or after its capture (corrections in ascending order)
+# a clock message is the device's whole list for the boots it names: it replaces what was kept of them (so a
+# later, consistent message undoes a forged one), and the rows of those boots are corrected again from it
+FORGET_CORRECTIONS = "DELETE FROM clock_corrections WHERE device = {p} AND boot = {p}"
+INSERT_CORRECTION = "INSERT INTO clock_corrections VALUES ({p}, {p}, {p}, {p}) ON CONFLICT DO NOTHING"
+# a result takes the first correction of its boot at or after its capture; what the device stamped stays in
+# ts_original (set once: a second correction starts from the device's own stamp, not from the first correction)
 CORRECT = (
-    "UPDATE results SET ts_original = ts, ts = clock_mono + {p}, clock = 'corrected' "
-    "WHERE device = {p} AND clock_boot = {p} AND clock = 'unsynced' AND clock_mono <= {p}"
+    "UPDATE results SET ts_original = COALESCE(ts_original, ts), ts = clock_mono + (SELECT c.wall_offset FROM "
+    "clock_corrections c WHERE c.device = results.device AND c.boot = results.clock_boot AND c.mono >= "
+    "results.clock_mono ORDER BY c.mono LIMIT 1), clock = 'corrected' WHERE device = {p} AND clock_boot = {p} AND "
+    "clock IN ('unsynced', 'corrected') AND clock_mono IS NOT NULL AND EXISTS (SELECT 1 FROM clock_corrections c "
+    "WHERE c.device = results.device AND c.boot = results.clock_boot AND c.mono >= results.clock_mono)"
 )
 CLOCKS = "SELECT device, clock, COUNT(*) FROM results WHERE clock IS NOT NULL GROUP BY 1, 2 ORDER BY 1, 2"
 # rows that arrived in a range asked for (recovered by a replay), and the seqs devices said are gone, per device
@@ -187,6 +196,8 @@ class IngestBatch:
     quarantine: list[QuarantineRow] = field(default_factory=list)  # messages refused, kept for a look
     replays: list[ReplayRow] = field(default_factory=list)  # what was asked for again, what was gone
     corrections: list[CorrectionRow] = field(default_factory=list)  # applied to the rows they correct
+    quarantine_rows: int = 1000  # refused messages kept per device at most (quarantinedb.py)
+    quarantine_bytes: int = 64 * 2**20  # ... and their bytes in all
 
 
 class Database(Protocol):
@@ -229,10 +240,13 @@ class Database(Protocol):
         """Close the connection."""
 
 
-def _quarantine_dict(rows: list[tuple[Any, ...]]) -> dict[str, dict[str, int]]:
+def _quarantine_dict(rows: list[tuple[Any, ...]], dropped: list[tuple[Any, ...]]) -> dict[str, dict[str, int]]:
+    """Per device: the refused messages kept, by reason, and `dropped_oldest`: those the bounds took out."""
     out: dict[str, dict[str, int]] = {}
     for device, reason, count in rows:
         out.setdefault(str(device), {})[str(reason)] = int(count)
+    for device, count in dropped:
+        out.setdefault(str(device), {})["dropped_oldest"] = int(count)
     return out
 
 
@@ -296,12 +310,14 @@ class SqliteDatabase:
             before = conn.total_changes
             conn.executemany(SQLITE_INSERT, b.rows)
             inserted = conn.total_changes - before
-            conn.executemany("INSERT OR IGNORE INTO clock_corrections VALUES (?, ?, ?, ?)", b.corrections)
-            for device, boot in _touched(b.rows, b.corrections):
-                for mono, offset in conn.execute(CORRECTIONS_OF.format(p="?"), (device, boot)).fetchall():
-                    conn.execute(CORRECT.format(p="?"), (offset, device, boot, mono))
+            conn.executemany(FORGET_CORRECTIONS.format(p="?"), {(c.device, c.boot) for c in b.corrections})
+            conn.executemany(INSERT_CORRECTION.format(p="?"), b.corrections)
+            conn.executemany(CORRECT.replace("{p}", "?"), _touched(b.rows, b.corrections))
             conn.executemany("INSERT OR IGNORE INTO declared_gaps VALUES (?, ?, ?, ?, ?)", b.gaps)
             conn.executemany("INSERT INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?)", b.quarantine)
+            if b.quarantine:
+                quarantinedb.trim(lambda sql, args: conn.execute(sql, args).fetchall(), "?", ("rowid", "?"),
+                                  {q.device for q in b.quarantine}, b.quarantine_rows, b.quarantine_bytes)  # fmt: skip
             conn.executemany(INSERT_REPLAY.format(p="?, ?, ?, ?, ?, ?"), b.replays)
             conn.executemany(
                 "INSERT INTO device_stats VALUES (?, ?, ?) ON CONFLICT (device) DO UPDATE "
@@ -317,7 +333,8 @@ class SqliteDatabase:
         return inserted
 
     def quarantined(self) -> dict[str, dict[str, int]]:
-        return _quarantine_dict(self.conn.execute(QUARANTINED).fetchall())
+        return _quarantine_dict(self.conn.execute(QUARANTINED).fetchall(),
+                                self.conn.execute(quarantinedb.DROPPED).fetchall())  # fmt: skip
 
     def replays(self) -> dict[str, dict[str, int]]:
         return _replay_dict(self.conn.execute(RECOVERED).fetchall(), self.conn.execute(GONE).fetchall())
@@ -359,7 +376,6 @@ class PostgresDatabase:
         "SELECT device, pipeline, seq, ts, body::jsonb, ts_original, clock, clock_boot, clock_mono FROM incoming "
         "ON CONFLICT DO NOTHING"
     )
-    INSERT_CORRECTION = "INSERT INTO clock_corrections VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
     INSERT_GAP = "INSERT INTO declared_gaps VALUES (%s, %s, %s, %s, %s::jsonb) ON CONFLICT DO NOTHING"
     INSERT_QUARANTINE = "INSERT INTO quarantine VALUES (%s, %s, %s, %s, %s, %s, %s)"
     UPSERT_STATS = (
@@ -413,8 +429,7 @@ class PostgresDatabase:
                     self.conn.execute(self.UPSERT_STATS, stat)
                 for gap in b.gaps:
                     self.conn.execute(self.INSERT_GAP, gap)
-                for refused in b.quarantine:
-                    self.conn.execute(self.INSERT_QUARANTINE, refused)
+                _pg_quarantine(self.conn, self.INSERT_QUARANTINE, b)
                 for replay in b.replays:
                     self.conn.execute(INSERT_REPLAY.format(p="%s, %s, %s, %s, %s, %s"), replay)
                 self._correct(b.rows, b.corrections)
@@ -428,15 +443,17 @@ class PostgresDatabase:
         return int(inserted)
 
     def _correct(self, rows: list[ResultRow], corrections: list[CorrectionRow]) -> None:
-        """Store the corrections and apply them to the rows they correct (in the open transaction)."""
+        """Store the corrections (each message replacing its boots' lists) and apply them to the rows they
+        correct (in the open transaction)."""
+        for pair in {(c.device, c.boot) for c in corrections}:
+            self.conn.execute(FORGET_CORRECTIONS.format(p="%s"), pair)
         for correction in corrections:
-            self.conn.execute(self.INSERT_CORRECTION, correction)
-        for device, boot in _touched(rows, corrections):
-            for mono, offset in self.conn.execute(CORRECTIONS_OF.format(p="%s"), (device, boot)).fetchall():
-                self.conn.execute(CORRECT.format(p="%s"), (offset, device, boot, mono))
+            self.conn.execute(INSERT_CORRECTION.format(p="%s"), correction)
+        for pair in _touched(rows, corrections):
+            self.conn.execute(CORRECT.replace("{p}", "%s"), pair)
 
     def quarantined(self) -> dict[str, dict[str, int]]:
-        return _quarantine_dict(self._query(QUARANTINED))
+        return _quarantine_dict(self._query(QUARANTINED), self._query(quarantinedb.DROPPED))
 
     def replays(self) -> dict[str, dict[str, int]]:
         return _replay_dict(self._query(RECOVERED), self._query(GONE))
@@ -473,6 +490,21 @@ class PostgresDatabase:
 
     def close(self) -> None:
         self._drop_connection()
+
+
+def _pg_quarantine(conn: Any, insert: str, b: IngestBatch) -> None:
+    """PostgreSQL: the refused messages, within the quarantine's bounds (in the open transaction)."""
+    for refused in b.quarantine:
+        conn.execute(insert, refused)
+    if not b.quarantine:
+        return
+
+    def run(sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        cur = conn.execute(sql, args)
+        return list(cur.fetchall()) if cur.description is not None else []
+
+    quarantinedb.trim(run, "%s", ("ctid", "%s::tid"), {q.device for q in b.quarantine}, b.quarantine_rows,
+                      b.quarantine_bytes)  # fmt: skip
 
 
 def _safe(exc: Exception) -> str:

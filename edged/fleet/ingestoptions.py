@@ -24,6 +24,8 @@ class IngestOptions:
     clock_topic: str = "edged/+/clock"  # corrections of times stamped while a device's clock was not synchronized
     replay_topic: str = "edged/{device_id}/replay"  # ask devices for missing seqs (replayer.py); "" never asks
     replay_after_s: float = 5.0  # a seq missing this long is asked for
+    quarantine_rows: int = 1000  # refused messages kept per device at most (the oldest go first, counted)
+    quarantine_bytes: int = 64 * 2**20  # their stored bytes in all at most
     batch: int = 1000  # results per transaction at most
     flush_s: float = 0.25  # a partial batch waits at most this long for more (a database likes big ones)
     receive_max: int = 4000  # unacknowledged messages the broker may send (MQTT 5 Receive Maximum)
@@ -46,6 +48,7 @@ class IngestCounters:
     duplicates: int = 0
     malformed: int = 0  # quarantined, all reasons
     quarantined: dict[str, int] = field(default_factory=dict)  # by reason
+    quarantine_skipped: int = 0  # refused faster than QUARANTINE_PER_S for their device: counted, not stored
     stats: int = 0
     db_errors: int = 0
     connects: int = 0

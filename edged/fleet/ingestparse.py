@@ -30,6 +30,8 @@ TS_MAX = 1e11  # seconds since 1970: the year 5138; beyond is not a clock
 BATCH_MAX = 10_000  # results in one array message
 BOOT_MAX = 64  # characters of a boot id (a UUID is 36)
 CORRECTIONS_MAX = 64  # corrections in one clock message (a device keeps 16)
+EARLIEST_TS = 1_577_836_800.0  # 2020-01-01: a correction that puts a capture before this is no correction
+FUTURE_S = 86_400.0  # ... nor one that puts it more than a day past the ingest's now
 
 
 class RefusedError(ValueError):
@@ -150,8 +152,12 @@ def _clock(clock: object) -> tuple[float | None, str | None, str | None, float |
     return None, "unsynced", boot, mono
 
 
-def parse_clock(payload: bytes, sender: Identity) -> list[CorrectionRow]:
-    """A device's clock message: the corrections of the times it stamped while not synchronized."""
+def parse_clock(payload: bytes, sender: Identity, now: float) -> list[CorrectionRow]:
+    """A device's clock message: the corrections of the times it stamped while not synchronized. Empty (a
+    retained message cleared): nothing, ignored. A correction that puts its moment before 2020 or more than a day
+    after `now` is refused (`implausible`): one forged message must not move a device's rows to 1979."""
+    if not payload:
+        return []
     data = _load(payload, "clock message")
     corrections = data.get("corrections") if isinstance(data, dict) else None
     if not isinstance(data, dict) or not isinstance(corrections, list) or len(corrections) > CORRECTIONS_MAX:
@@ -163,7 +169,11 @@ def parse_clock(payload: bytes, sender: Identity) -> list[CorrectionRow]:
         if not isinstance(c, dict):
             raise RefusedError("malformed", "a correction is an object with boot, mono and offset")
         boot, mono = _boot(c.get("boot"), "boot"), _seconds(c.get("mono"), "mono")
-        rows.append(CorrectionRow(device, boot, mono, _seconds(c.get("offset"), "offset", -TS_MAX)))
+        offset = _seconds(c.get("offset"), "offset", -TS_MAX)
+        if not EARLIEST_TS <= mono + offset <= now + FUTURE_S:
+            raise RefusedError("implausible", f"a correction puts boot {boot[:16]}'s moment {mono:.0f} s at "
+                               f"{mono + offset:.0f} (epoch s): before 2020 or more than a day from now")  # fmt: skip
+        rows.append(CorrectionRow(device, boot, mono, offset))
     return rows
 
 

@@ -22,6 +22,7 @@ from edged.core.threads import Supervised
 from edged.pipeline.runner import PipelineRunner
 from edged.store.capacity import describe
 from edged.store.writer import RECENT_S
+from edged.uplink.inbound import FLOOD_WINDOW_S, PER_TOPIC_PER_S
 from edged.uplink.mqttstats import MqttStats
 
 ACK_STALL_S = 30.0  # connected, results waiting, and no PUBACK for this long: the broker is stuck
@@ -267,6 +268,17 @@ CATALOG: tuple[Reason, ...] = (
     ),
     Reason(
         "broker",
+        r"\d+ message\(s\) on \S+ dropped in the last \d+ s: a flood \(more than \d+ a second on one topic\)",
+        "340000 message(s) on edged/pi-01/replay/request dropped in the last 60 s: a flood (more than 20 a second "
+        "on one topic)",
+        "A client of the broker sends this device far more messages on a topic it reads (replay requests, "
+        "commands) than an ingest or an operator ever would. edged drops the excess before reading it; results, "
+        "signed commands on other topics and the rest go on. Shown for a minute after the last dropped message.",
+        "Find the client in the broker's log and stop it; let each client publish only where it must "
+        "(docs/security.md, the ACLs to set).",
+    ),
+    Reason(
+        "broker",
         r"the broker does not keep retained messages \(CONNACK Retain Available 0\): .+",
         "the broker does not keep retained messages (CONNACK Retain Available 0): the availability topic and "
         "Home Assistant discovery are sent without retain",
@@ -386,6 +398,8 @@ def broker_reasons(mqtt: MqttStats) -> list[str]:
     out = [] if connected else [f"broker not connected: {last}" if last else "broker not connected"]
     if suspicion is not None and time.monotonic() - suspicion[0] < RECENT_S:  # still going on, maybe
         out.append(suspicion[1])
+    out += [f"{n} message(s) on {topic} dropped in the last {FLOOD_WINDOW_S:.0f} s: a flood (more than "
+            f"{PER_TOPIC_PER_S:.0f} a second on one topic)" for topic, n in mqtt.inbound.floods()]  # fmt: skip
     return out + problems
 
 

@@ -258,6 +258,7 @@ class Spool:
                 "error": (self.check and self.check.damage) or writer.error or self.seqs.error,
                 "space_warning": self.space.warning,
                 "seq_gaps": list(self.gap_log.entries),
+                "seqs": dict(led.appended),  # per stream, the highest seq handed to a result (consumers bound by it)
                 "replay_window": self.window.snapshot(due=[*box.sent_due, *led.sending_to_window]),
                 "replayed": self.replay.replayed,
             }

@@ -11,12 +11,12 @@ thread; `message` and `disconnected` run on paho's network thread and only recor
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import paho.mqtt.client as paho
+from paho.mqtt.properties import Properties
 
 from edged.uplink.brokerlimits import BrokerLimits, publish_size
 
@@ -25,67 +25,64 @@ log = logging.getLogger(__name__)
 Granted = Callable[[bool | None], None]  # True: granted; False: refused; None: the connection went
 
 
+class Listening(Protocol):
+    """A listening connection as a session hands subscriptions to it (listener.py)."""
+
+    def subscribe(
+        self, filters: list[str], granted: Granted, on_message: Callable[[Incoming], None], *, budget: bool = True
+    ) -> None: ...
+
+    def unsubscribe(self, filters: list[str]) -> None: ...
+
+
 class Session:
     """One connection as a hook sees it."""
 
-    def __init__(self, client: paho.Client, limits: BrokerLimits, *, mqtt5: bool) -> None:
+    def __init__(
+        self, client: paho.Client, limits: BrokerLimits, *, mqtt5: bool, listen: Callable[[str], Listening]
+    ) -> None:
+        """`listen(name)`: the listening connection `name` (listener.py); subscriptions go there."""
         self.client = client
         self.limits = limits
         self.mqtt5 = mqtt5
-        self._lock = threading.Lock()
-        self._asked: dict[int, Granted] = {}  # SUBSCRIBE mid -> who waits for its SUBACK
-        self._early: dict[int, bool] = {}  # a SUBACK that beat subscribe()'s return (paho's thread is quick)
-        self._granted: list[Granted] = []  # told None when the connection goes
+        self.listen = listen
 
-    def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> bool:
+    def publish(
+        self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False, properties: Properties | None = None
+    ) -> bool:
         """Publish when the broker accepts the size (False, with a warning, when not); retain only when the
-        broker keeps retained messages."""
-        size = publish_size(topic, payload, qos, None, mqtt5=self.mqtt5)
+        broker keeps retained messages; at most the QoS the broker grants (its CONNACK's Maximum QoS: a broker
+        closes the connection over a publish above it)."""
+        qos = min(qos, self.limits.max_qos)
+        size = publish_size(topic, payload, qos, properties, mqtt5=self.mqtt5)
         if not self.limits.fits(size):
             log.warning("mqtt: not sending %s: %d bytes, the broker accepts %s at most", topic, size,
                         self.limits.max_packet)  # fmt: skip
             return False
-        self.client.publish(topic, payload, qos=qos, retain=retain and self.limits.retain)
+        self.client.publish(topic, payload, qos=qos, retain=retain and self.limits.retain, properties=properties)
         return True
 
-    def subscribe(self, filters: list[str], granted: Granted) -> None:
-        """Subscribe (QoS 1); `granted(True)` once the broker grants every filter, `granted(False)` when it
-        refuses one, `granted(None)` when the connection goes (paho's thread: record, nothing else)."""
-        if not filters:
-            return
-        rc, mid = self.client.subscribe([(f, 1) for f in filters])
-        if mid is None:  # not sent (the connection just went): nothing is listened to
-            log.warning("mqtt: could not subscribe to %s: %s", filters, rc)
-            granted(None)
-            return
-        with self._lock:
-            self._granted.append(granted)
-            early = self._early.pop(mid, None)
-            if early is None:
-                self._asked[mid] = granted
-        if early is not None:
-            granted(early)
+    def subscribe(
+        self,
+        filters: list[str],
+        granted: Granted,
+        on_message: Callable[[Incoming], None],
+        *,
+        on: str,
+        budget: bool = True,
+    ) -> None:
+        """Listen to `filters` on the listening connection `on` (listener.py: never on the results'
+        connection, so no flood on them can hold up a PUBACK); messages on these filters, and only those, go
+        to `on_message` (paho's thread: queue, nothing else), each topic within its budget (inbound.py) unless
+        `budget` is False (a download that bounds itself). `granted(True)` once the broker grants every filter,
+        `granted(False)` when it refuses one, `granted(None)` when that connection goes (paho's thread:
+        record, nothing else). Idempotent: a hook subscribes again on every connection of the publisher."""
+        if filters:
+            self.listen(on).subscribe(filters, granted, on_message, budget=budget)
 
-    # -- from the publisher (paho's thread) ------------------------------------------------------------
-
-    def subacked(self, mid: int, reasons: list[Any]) -> None:
-        """A SUBACK: tell whoever asked."""
-        ok = not any(getattr(r, "is_failure", False) for r in reasons)
-        if not ok:
-            log.error("mqtt: the broker refused a subscription: %s", reasons)
-        with self._lock:
-            granted = self._asked.pop(mid, None)
-            if granted is None:
-                self._early[mid] = ok
-        if granted is not None:
-            granted(ok)
-
-    def closed(self) -> None:
-        """The connection is gone: nothing subscribed on it is listened to any more (no refusal: None)."""
-        with self._lock:
-            waiting, self._granted = self._granted, []
-        for granted in waiting:
-            granted(None)
+    def unsubscribe(self, filters: list[str], *, on: str) -> None:
+        """No more messages on these filters."""
+        self.listen(on).unsubscribe(filters)
 
 
 @dataclass(frozen=True)
@@ -131,7 +128,8 @@ class Hook:
         return None
 
     def message(self, message: Incoming) -> None:
-        """A message on a topic this hook subscribed to (paho's thread: queue it, nothing else)."""
+        """A message on a topic this hook subscribed to, within its budget (paho's thread: queue it, nothing
+        else); what `Session.subscribe` routes to by default."""
 
 
 class Announce(Hook):

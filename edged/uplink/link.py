@@ -17,7 +17,7 @@ from typing import Any
 import paho.mqtt.client as paho
 
 from edged.uplink.brokerlimits import BrokerLimits, describe_disconnect, describe_reason
-from edged.uplink.hooks import Hook, Incoming, Session
+from edged.uplink.hooks import Hook, Session
 from edged.uplink.inflight import InFlight
 from edged.uplink.mqttstats import MqttStats
 from edged.uplink.reconnect import TAKEOVER_COUNT, TAKEOVER_WINDOW_S, Takeover
@@ -73,7 +73,6 @@ class Link:
         client.on_disconnect = lambda _c, _u, _f, rc, _p: self._on_disconnect(rc)
         client.on_publish = lambda _c, _u, mid, rc, _p: self._on_publish(mid, rc)
         client.on_message = lambda _c, _u, msg: self._on_message(msg)
-        client.on_subscribe = lambda _c, _u, mid, reasons, _p: self._on_subscribe(mid, reasons)
 
     def detach(self) -> None:
         """The callbacks close over the link, which holds the client: a cycle that keeps paho's socket pair
@@ -81,10 +80,8 @@ class Link:
         which fails for descriptors past 1023, so a process with many connections that reconnects often
         must not let them pile up: break the cycle and the client goes (and closes them) at once."""
         client = self.client
-        client.on_connect = client.on_disconnect = client.on_publish = client.on_message = client.on_subscribe = None
-        session, self.session = self.session, None  # it holds the client too
-        if session is not None:
-            session.closed()  # (again, if paho's disconnect callback ran: harmless) nothing is listened to now
+        client.on_connect = client.on_disconnect = client.on_publish = client.on_message = None
+        self.session = None  # it holds the client too
 
     # -- paho's network thread: record and wake, nothing else -------------------------------------------
 
@@ -107,16 +104,8 @@ class Link:
             ears.stats.connected_mono = time.monotonic()
         ears.wake()
 
-    def _on_subscribe(self, mid: int, reasons: list[Any]) -> None:
-        session = self.session
-        if session is not None:
-            session.subacked(mid, reasons)
-
     def _on_disconnect(self, reason: Any) -> None:
         ears = self.ears
-        session = self.session
-        if session is not None:
-            session.closed()
         was = self.connected
         self.connected = False
         self.closed = True
@@ -141,14 +130,10 @@ class Link:
             note_error(ears.stats, f"disconnected from {ears.where}: {why}")
 
     def _on_message(self, msg: paho.MQTTMessage) -> None:
-        if not self.ears.hooks:
-            return
-        incoming = Incoming.of(msg)
-        for hook in self.ears.hooks:
-            try:  # paho's network thread carries every result: no message, however made, may end it
-                hook.message(incoming)
-            except Exception:  # noqa: PERF203  (one hook's failure must not cost the others their message)
-                log.exception("mqtt: a hook failed on an incoming message; the message is dropped")
+        """Nothing is subscribed on the results' connection (listener.py): a message here is counted, not read."""
+        del msg
+        with self.ears.stats.lock:
+            self.ears.stats.inbound.unrouted += 1
 
     def _on_publish(self, mid: int, reason: Any) -> None:
         if self.ears.window.acked(mid, reason):

@@ -78,14 +78,15 @@ def load_password(cfg: MqttConfig) -> str | None:
 
 
 def new_client(
-    cfg: MqttConfig, client_id: str, will_topic: str, password: str | None, *, retain: bool = True
+    cfg: MqttConfig, client_id: str, will_topic: str, password: str | None, *, retain: bool = True, will_qos: int = 1
 ) -> paho.Client:
     """A fresh paho client for one of the daemon's connections: protocol, in-flight window, last will
-    (retained unless the broker refused retained messages), auth, TLS."""
+    (retained unless the broker refused retained messages; QoS 1 unless it refused or does not grant that),
+    auth, TLS."""
     client = make_client(client_id, BrokerAccess.of(cfg, password), protocol=cfg.protocol, reconnect_on_failure=False)
     client.connect_timeout = CONNECT_TIMEOUT_S
     client.max_inflight_messages_set(cfg.max_inflight)
-    client.will_set(will_topic, "offline", qos=1, retain=retain)
+    client.will_set(will_topic, "offline", qos=will_qos, retain=retain)
     return client
 
 

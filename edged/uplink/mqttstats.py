@@ -6,11 +6,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from edged.core.histogram import Histogram
 from edged.core.stats import WINDOW, percentiles
+from edged.uplink.inbound import Inbound
 
 RATE_WINDOW_S = 10.0  # `published_per_s` is over the last this many seconds (or since the connection came up)
 
@@ -34,6 +36,8 @@ class MqttStats:
     broker_problems: list[str] = field(default_factory=list)  # what that broker cannot do that edged needs
     protocol: str = ""  # the MQTT version of the last connection (3.1.1 when a broker refused 5)
     suspicion: tuple[float, str] | None = None  # (monotonic, what): a pattern of drops, e.g. a session takeover
+    inbound: Inbound = field(default_factory=Inbound, repr=False)  # what comes in: routes and budgets (inbound.py)
+    listeners: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict, repr=False)  # their snapshots
     _acks: deque[tuple[float, int]] = field(default_factory=deque, repr=False)  # (when, n) of the last RATE_WINDOW_S
     _e2e: dict[str, deque[float]] = field(default_factory=dict, repr=False)  # capture -> PUBACK, ms
     _e2e_hist: dict[str, Histogram] = field(default_factory=dict, repr=False)  # the same, seconds (for /metrics)
@@ -101,4 +105,6 @@ class MqttStats:
                 "protocol": self.protocol,
                 "suspicion": self.suspicion[1] if self.suspicion else None,
                 "latency_ms": percentiles(deque(v for w in self._e2e.values() for v in w)),
+                "inbound": self.inbound.snapshot(),
+                "listeners": {name: snap() for name, snap in self.listeners.items()},
             }

@@ -30,8 +30,10 @@ from edged.core.threads import DeathHook, Supervised
 from edged.store.outlet import Outlet
 from edged.uplink.hooks import Hook, Session
 from edged.uplink.link import Link, Listeners, note_error
+from edged.uplink.listener import Listener
 from edged.uplink.mqttclient import (
     CONNECT_TIMEOUT_S,
+    BrokerAccess,
     PackedProperties,
     connect_properties,
     load_password,
@@ -92,6 +94,7 @@ class Publisher(Supervised):
         self._drain_deadline: float | None = None
         self.pump = ResultPump(cfg, spool, stats, self._wake.set, correct)  # the result path
         self._no_retain = False  # the broker refused a retained will (0x9A): connect without retain from now on
+        self._will_qos = 1  # 0 once the broker refused a QoS 1 will (0x9B), or granted QoS 0 at most
         self.protocol = (
             cfg.protocol
         )  # the MQTT version spoken: 3.1.1 once a broker refused 5 or left it unanswered (reconnect.next_protocol)
@@ -99,11 +102,33 @@ class Publisher(Supervised):
         self._accepted: Literal["3.1.1", "5"] | None = None  # the version this broker accepted: kept until a restart
         self._sure = False  # the last fallback to 3.1.1 followed a plain refusal of 5 (0x84, or no CONNACK at all)
         self.hooks: list[Hook] = []  # what rides on the connection (hooks.py); added before start
+        self.listeners: dict[str, Listener] = {}  # connections of their own for what edged listens to (listener.py)
+        self._running = False  # body() began: a listener asked for later starts at once
         self._ears = Listeners(self._wake.set, stats, self.client_id, f"{cfg.host}:{cfg.port}", cfg.max_inflight,
                                self.pump.window, self._halt.is_set, self.hooks)  # fmt: skip
         spool.on_change(self._wake.set)
         with stats.lock:
             stats.broker = f"{cfg.host}:{cfg.port}"
+
+    def listener(self, name: str) -> Listener:
+        """The listening connection `name` (cmd, replay), made (and started, once the publisher is) when first
+        asked for: what edged subscribes to never rides on the results' connection."""
+        with self.stats.lock:
+            found = self.listeners.get(name)
+            if found is None:
+                access = BrokerAccess.of(self.cfg, self._password)
+                found = Listener(name, self.cfg, f"{self.client_id}-{name}", access, self.stats.inbound,
+                                 lambda: self.protocol)  # fmt: skip
+                self.listeners[name] = found
+                self.stats.listeners[name] = found.snapshot
+                if self._running:
+                    found.start()
+        return found
+
+    def listener_threads(self) -> list[Supervised]:
+        """The listeners' threads (health watches them)."""
+        with self.stats.lock:
+            return [listener.thread for listener in self.listeners.values()]
 
     def add_hook(self, hook: Hook) -> None:
         """Something that rides on every connection (the stats message, discovery, remote control, its side
@@ -120,7 +145,22 @@ class Publisher(Supervised):
     # -- the thread ------------------------------------------------------------------------------------
 
     def body(self) -> None:
-        """Connect, publish, reconnect; until asked to stop."""
+        """Connect, publish, reconnect; until asked to stop (the listeners with it)."""
+        with self.stats.lock:
+            self._running = True
+            waiting = [listener for listener in self.listeners.values() if not listener.thread.is_alive()]
+        for listener in waiting:
+            if not listener.thread.ident:
+                listener.start()
+        try:
+            self._publish_loop()
+        finally:
+            with self.stats.lock:
+                listeners = list(self.listeners.values())
+            for listener in listeners:
+                listener.stop()
+
+    def _publish_loop(self) -> None:
         failures = 0
         while not self._halt.is_set():
             speaking = self.protocol
@@ -153,7 +193,8 @@ class Publisher(Supervised):
         cfg = (
             self.cfg if self.protocol == self.cfg.protocol else self.cfg.model_copy(update={"protocol": self.protocol})
         )
-        client = new_client(cfg, self.client_id, self.availability_topic, self._password, retain=not self._no_retain)
+        client = new_client(cfg, self.client_id, self.availability_topic, self._password, retain=not self._no_retain,
+                            will_qos=self._will_qos)  # fmt: skip
         conn = Link(client, self._ears)
         conn.attach()
         try:
@@ -200,6 +241,9 @@ class Publisher(Supervised):
             if "0x9A" in conn.refused and not self._no_retain:  # Retain not supported: the will was retained
                 log.warning("mqtt: the broker keeps no retained messages; connecting again without them")
                 self._no_retain = True
+            if "0x9B" in conn.refused and self._will_qos:  # QoS not supported: the will was QoS 1
+                log.warning("mqtt: the broker does not take QoS 1; connecting again with a QoS 0 last will")
+                self._will_qos = 0
         elif not conn.connected and conn.closed:
             note_error(self.stats, f"broker {self.cfg.host}:{self.cfg.port} closed the connection before its CONNACK")
         elif not conn.connected:
@@ -220,7 +264,9 @@ class Publisher(Supervised):
         """Publish while connected; return on disconnect or once drained after a stop request."""
         conn.since = time.monotonic()
         self.pump.begin(conn.limits if not self._no_retain else replace(conn.limits, retain=False), self.protocol)
-        session = conn.session = Session(conn.client, self.pump.limits, mqtt5=self.protocol == "5")
+        session = conn.session = Session(conn.client, self.pump.limits, mqtt5=self.protocol == "5",
+                                         listen=self.listener)  # fmt: skip
+        self._will_qos = min(self._will_qos, conn.limits.max_qos)  # the next connection's will (this one's stands)
         session.publish(self.availability_topic, b"online", qos=1, retain=True)
         for hook in self.hooks:
             hook.connected(session)
@@ -246,7 +292,8 @@ class Publisher(Supervised):
     def _close(self, conn: Link, *, offline: bool) -> None:
         client = conn.client
         if conn.connected and offline:
-            info = client.publish(self.availability_topic, "offline", qos=1, retain=True)
+            info = client.publish(self.availability_topic, "offline", qos=min(1, conn.limits.max_qos),
+                                  retain=conn.limits.retain and not self._no_retain)  # fmt: skip
             deadline = time.monotonic() + 1.0
             while conn.connected and not info.is_published() and (left := deadline - time.monotonic()) > 0:
                 self._wake.wait(min(left, 0.05))

@@ -139,7 +139,7 @@ class ReplayRequests(Hook):
 
     def connected(self, session: Session) -> None:
         """Listen for requests on every connection."""
-        session.subscribe([self.request_topic], self._granted)
+        session.subscribe([self.request_topic], self._granted, self.message, on="replay")
 
     def _granted(self, ok: bool | None) -> None:
         if ok is False:  # None: the connection went (nothing was refused)

@@ -14,11 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from edged.uplink.hooks import Hook, Session
+from edged.uplink.hooks import Hook, Incoming, Session
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +34,7 @@ class SideMessage:
     qos: int = 1
     correlation: bytes | None = None  # MQTT 5 correlation data of the command this answers
     op: Literal["publish", "subscribe", "unsubscribe"] = "publish"  # or (un)subscribe `topic` as a filter
+    on_message: Callable[[Incoming], None] | None = None  # subscribe: where its messages go (no per-topic budget)
 
 
 class SideChannel(Hook):
@@ -51,7 +51,7 @@ class SideChannel(Hook):
 
     def turn(self, session: Session) -> float | None:
         """Hand every queued message to paho; then the results of this turn go."""
-        self.drain(session.client, mqtt5=session.mqtt5)
+        self.drain(session)
         return None
 
     def send(self, message: SideMessage) -> None:
@@ -62,29 +62,30 @@ class SideChannel(Hook):
             self._queue.append(message)
         self._wake()
 
-    def drain(self, client: paho.Client, *, mqtt5: bool) -> None:
-        """Hand every queued message to paho (edged-mqtt thread)."""
+    def drain(self, session: Session) -> None:
+        """Hand every queued message to paho (edged-mqtt thread), within the broker's limits."""
         while True:
             with self._lock:
                 if not self._queue:
                     return
                 message = self._queue.popleft()
             if message.op != "publish":
-                _subscription(client, message)
+                _subscription(session, message)
                 continue
             props = None
-            if message.correlation is not None and mqtt5:
+            if message.correlation is not None and session.mqtt5:
                 props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
                 props.CorrelationData = message.correlation
             try:
-                client.publish(message.topic, message.payload, qos=message.qos, retain=message.retain, properties=props)
+                session.publish(message.topic, message.payload, qos=message.qos, retain=message.retain,
+                                properties=props)  # fmt: skip
             except ValueError as exc:  # a reply topic paho will not send to (the requester's choice)
                 log.warning("mqtt: cannot publish to %r: %s", message.topic, exc)
 
 
-def _subscription(client: paho.Client, message: SideMessage) -> None:
+def _subscription(session: Session, message: SideMessage) -> None:
     """A temporary subscription (a rollout's model chunks) on the publisher's connection."""
-    if message.op == "subscribe":
-        client.subscribe(message.topic, qos=1)
-    else:
-        client.unsubscribe(message.topic)
+    if message.op == "subscribe" and message.on_message is not None:
+        session.subscribe([message.topic], lambda _ok: None, message.on_message, on="cmd", budget=False)
+    elif message.op == "unsubscribe":
+        session.unsubscribe([message.topic], on="cmd")
