@@ -101,29 +101,32 @@ def test_notify_order_and_a_hung_model_run_silences_the_watchdog(
     daemon.start()
     waiter = threading.Thread(target=daemon.wait, name="test-wait")
     waiter.start()
-    wait_for(lambda: notify_socket.count("WATCHDOG=1") >= 3, 10, "watchdog pings while healthy")
-    first = [m for m in notify_socket.messages if not m.startswith("STATUS=")]
-    assert first[0] == "READY=1"  # after the model was loaded and warmed up, before any ping
-    # now a model run hangs (stands in for a wedged GPU call): the pings must stop
     release = threading.Event()
-    real_run = LoadedModel.run
+    try:
+        wait_for(lambda: notify_socket.count("WATCHDOG=1") >= 3, 30, "watchdog pings while healthy")
+        first = [m for m in notify_socket.messages if not m.startswith("STATUS=")]
+        assert first[0] == "READY=1"  # after the model was loaded and warmed up, before any ping
+        # frames flow first (on a loaded machine the pings can come before the first frame is through)
+        wait_for(lambda: daemon.report.snapshot()["pipelines"][0]["frames"] > 0, 30, "a frame through the model")
+        # now a model run hangs (stands in for a wedged GPU call): the pings must stop
+        real_run = LoadedModel.run
 
-    def hang(self: LoadedModel, tensor: Any) -> Any:
-        release.wait(30)
-        return real_run(self, tensor)
+        def hang(self: LoadedModel, tensor: Any) -> Any:
+            release.wait(30)
+            return real_run(self, tensor)
 
-    monkeypatch.setattr(LoadedModel, "run", hang)
-    # the condition, not a fixed sleep: the daemon says it stopped pinging (after watchdog_stall_s)
-    wait_for(lambda: daemon.pipelines[0].stats.stalled(daemon.config.watchdog_stall_s), 30, "the stall seen")
-    wait_for(lambda: daemon.watchdog_stopped, 30, "the daemon stopping the pings")
-    before = notify_socket.count("WATCHDOG=1")
-    time.sleep(1.0)  # ten ping intervals
-    assert notify_socket.count("WATCHDOG=1") == before  # silence: systemd would restart us
-    assert daemon.report.snapshot()["pipelines"][0]["frames"] > 0
-    release.set()
-    daemon.request_stop()
-    waiter.join(10)
-    daemon.stop()
+        monkeypatch.setattr(LoadedModel, "run", hang)
+        # the condition, not a fixed sleep: the daemon says it stopped pinging (after watchdog_stall_s)
+        wait_for(lambda: daemon.pipelines[0].stats.stalled(daemon.config.watchdog_stall_s), 30, "the stall seen")
+        wait_for(lambda: daemon.watchdog_stopped, 30, "the daemon stopping the pings")
+        before = notify_socket.count("WATCHDOG=1")
+        time.sleep(1.0)  # ten ping intervals
+        assert notify_socket.count("WATCHDOG=1") == before  # silence: systemd would restart us
+    finally:  # a failure must not leave the daemon's threads to the next test of this worker
+        release.set()
+        daemon.request_stop()
+        waiter.join(10)
+        daemon.stop()
     assert notify_socket.messages[-1] == "STOPPING=1"
 
 
