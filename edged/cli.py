@@ -23,6 +23,7 @@ DEMO_STATE_DIR = Path("edged-demo")  # `edged demo`'s state, relative to where i
 # edged/tools/candidate.py, handed to the daemon from here so that no stage names a later one; not imported
 # here either: the tools need the `tools` extra, the daemon does not
 CANDIDATE_CHECK = (sys.executable, "-m", "edged.tools.candidate")
+MODEL_PROBE = (sys.executable, "-m", "edged.tools.probe")  # a model that died with the daemon, loaded apart first
 
 log = logging.getLogger("edged")
 TOOLS = ("inspect", "quantize", "validate", "bench", "budget", "record")
@@ -629,12 +630,18 @@ def _check_config(path: Path, *, verbose: bool = False) -> int:
 
 def _run(path: Path, *, verbose: bool) -> int:
     from edged.config import load_config  # noqa: PLC0415
+    from edged.control.trial import recover as recover_trial  # noqa: PLC0415
     from edged.daemon import Daemon, run_daemon  # noqa: PLC0415
 
     config = load_config(path)
     if not verbose:
         logging.getLogger().setLevel(config.log_level.upper())
-    return run_daemon(Daemon(config, config_path=path, candidate_check=CANDIDATE_CHECK))
+    # a rollout's trial left behind by a crash: its model goes back in the file before the pipelines load it
+    recovered = recover_trial(config.state_dir, path, check=load_config)
+    if recovered is not None:
+        config = load_config(path)
+    return run_daemon(Daemon(config, config_path=path, candidate_check=CANDIDATE_CHECK, model_probe=MODEL_PROBE,
+                             recovered=recovered))  # fmt: skip
 
 
 def _answers(socket_path: Path) -> bool:

@@ -15,12 +15,12 @@ from typing import Any
 from edged import __version__
 from edged.config import Config
 from edged.control.controller import Controller
+from edged.control.trial import Recovered, on_trial
 from edged.core.clock import ClockWatch
 from edged.core.durable import make_dirs
 from edged.core.errors import EdgedError
 from edged.core.waker import Waker
-from edged.model import engines
-from edged.model.session import CPU, TENSORRT, select_providers, share_cores, usable_cores
+from edged.ops import crashlog
 from edged.ops.checkconfig import check_config
 from edged.ops.health import Report
 from edged.ops.metrics import MetricsServer, TextfileWriter, start_metrics
@@ -29,9 +29,10 @@ from edged.ops.statelock import StateLock
 from edged.ops.status import StatusServer
 from edged.ops.systemd import notify, watchdog_interval
 from edged.pipeline.frametap import FrameTap
-from edged.pipeline.model import Model
+from edged.pipeline.lastgood import ModelGuard
 from edged.pipeline.runner import PipelineRunner
 from edged.pipeline.settings import PipelineConfig
+from edged.pipeline.startup import child_probe, load_models, prove_models, stopped_cleanly
 from edged.pipeline.worker import ResultHook
 from edged.store.spool import Spool
 from edged.uplink.clockmessage import ClockMessage
@@ -49,6 +50,7 @@ from edged.uplink.topics import Topics
 log = logging.getLogger(__name__)
 
 STATUS_EVERY_S = 5.0
+PROVE_EVERY_S = 10.0  # how often a running model is looked at for having run cleanly (pipeline/lastgood.py)
 LOG_EVERY_S = 60.0  # a one-line summary in the journal
 STOP_DEADLINE_S = 25.0  # everything stop() does, below TimeoutStopSec=30 in systemd/edged.service
 RELOAD_JOIN_S = 5.0  # a model swap in progress (a TensorRT build can take minutes: it is abandoned)
@@ -66,11 +68,21 @@ class ControlPort:
         pipelines: list[PipelineRunner],
         snapshot: Callable[[], dict[str, Any]],
         candidate_check: list[str],
+        guard: ModelGuard,
     ) -> None:
         self.reloader = reloader
         self.pipelines = pipelines
         self._snapshot = snapshot
         self.candidate_check = candidate_check
+        self.guard = guard
+
+    def model_proved(self, pipeline: str, path: Path, sha256: str) -> None:
+        """A rollout's watch kept the model: the pipeline's last good model now."""
+        self.guard.proved(pipeline, path, sha256, self.pipeline_config(pipeline).model.custom_ops)
+
+    def kept_models(self) -> set[Path]:
+        """Model files kept as some pipeline's last good one (a rollout's tidying leaves them)."""
+        return self.guard.kept()
 
     def snapshot(self) -> dict[str, Any]:
         """The status JSON."""
@@ -108,7 +120,9 @@ class ControlPort:
         raise EdgedError(f"no pipeline {name!r}")
 
 
-def control_hooks(cfg: Config, publisher: Publisher, port: ControlPort, clock: ClockWatch) -> Controller | None:
+def control_hooks(
+    cfg: Config, publisher: Publisher, port: ControlPort, clock: ClockWatch, recovered: Recovered | None
+) -> Controller | None:
     """Remote control (off unless `control:` is configured) rides on the publisher's connection: the controller
     and its side channel (replies, events and the reported state: not spooled, before the next results)."""
     if cfg.control is None:
@@ -116,7 +130,7 @@ def control_hooks(cfg: Config, publisher: Publisher, port: ControlPort, clock: C
     side = SideChannel()
     publisher.add_hook(side)
     controller = Controller(cfg.control, cfg.device_id, cfg.state_dir, target=port, side=side,
-                            last_step=lambda: clock.last_step)  # fmt: skip
+                            last_step=lambda: clock.last_step, recovered=recovered)  # fmt: skip
     publisher.add_hook(controller)  # its command topics ride on the connection
     return controller
 
@@ -137,20 +151,24 @@ def discovery_hook(cfg: Config, topics: Topics) -> Announce | None:
     return Announce(lambda: discovery.messages(cfg.state_dir))
 
 
-def load_models(pipelines: list[PipelineRunner], state_dir: Path) -> list[Model]:
-    """Load every pipeline's model, the CPU cores shared between CPU pipelines; announce TensorRT builds."""
-    import onnxruntime as ort  # noqa: PLC0415
-
-    available = ort.get_available_providers()
-    on_cpu = [select_providers(runner.cfg.model.providers, available)[0] == CPU for runner in pipelines]
-    shares = share_cores([runner.cfg.model for runner in pipelines], on_cpu, usable_cores())
-    models = []
-    for runner, cores in zip(pipelines, shares, strict=True):
-        runner.cores = cores
-        models.append(runner.load())  # the same path as a reload's model swap
-    if any(m.loaded.provider == TENSORRT for m in models):
-        engines.cleanup([runner.cfg.model for runner in pipelines], state_dir)
-    return models
+def uplink(d: Daemon, cfg: Config, spool: Spool) -> tuple[Publisher, ReplayRequests | None, Controller | None]:
+    """The publisher and what rides on it: the clock and stats messages, replay, remote control, discovery."""
+    publisher = Publisher(cfg.mqtt, cfg.device_id, spool, d.mqtt_stats, on_death=d.fatal_death,
+                          correct=d.clock.correct)  # fmt: skip
+    if cfg.mqtt.clock_topic:
+        publisher.add_hook(ClockMessage(d.topics.clock, cfg.device_id, d.clock))
+    if cfg.mqtt.stats_interval_s:
+        publisher.add_hook(StatsMessage(cfg.mqtt, cfg.device_id, d.report.snapshot))
+    replay = None
+    if cfg.mqtt.replay_topic and spool.window.enabled:
+        replay = ReplayRequests(spool.replay, cfg.device_id, d.topics.replay, cfg.mqtt.replay_max_bytes_per_hour)
+        publisher.add_hook(replay)
+    guard = d.guard if d.guard is not None else ModelGuard(cfg.state_dir)
+    port = ControlPort(d.reloader, d.pipelines, d.report.snapshot, d.candidate_check, guard)
+    controller = control_hooks(cfg, publisher, port, d.clock, d.recovered)
+    if (announce := discovery_hook(cfg, d.topics)) is not None:
+        publisher.add_hook(announce)
+    return publisher, replay, controller
 
 
 def left_behind(count: int, *, mqtt: bool) -> str:
@@ -173,10 +191,16 @@ class Daemon:
         on_result: ResultHook | None = None,
         source_kwargs: dict[str, Any] | None = None,
         candidate_check: Sequence[str] = (),
+        model_probe: Sequence[str] = (),
+        recovered: Recovered | None = None,
     ) -> None:
+        """`recovered`: a rollout's trial that a crash interrupted, rolled back before this start (control/trial.py):
+        reported once connected."""
         # the command that judges a rollout's model in a child process (edged.tools.candidate, handed in by
         # the CLI: the daemon never names a later stage); empty: rollouts are refused
         self.candidate_check = list(candidate_check)
+        self.model_probe = list(model_probe)  # loads a model in a child process (edged.tools.probe), from the CLI too
+        self.recovered = recovered
         self.state = "starting"
         self.started = time.monotonic()
         # wait() sleeps on this; a stop request, a SIGHUP or an inference worker that ended pokes it (safe
@@ -208,6 +232,10 @@ class Daemon:
             for p in config.pipelines
         ]
         self.reloader = Reloader(config, self.pipelines, config_path)  # owns the running config from here on
+        self.guard: ModelGuard | None = None  # last good models, models on trial (pipeline/lastgood.py): start()
+        self._models_seen: dict[str, tuple[str, float, int]] = {}  # the model each runs, since when (prove_models)
+        self._prove_models = lambda: prove_models(self.pipelines, self.guard, self._models_seen,
+                                                  on_trial(self.config.state_dir))  # fmt: skip
         self.spool: Spool | None = None
         self.left_in_spool = 0  # results still waiting for the broker when stop() finished
         self.publisher: Publisher | None = None
@@ -230,31 +258,21 @@ class Daemon:
         cfg = self.config
         make_dirs(cfg.state_dir, 0o750)  # durably: the spool's folder must outlive a cut at the first start
         self._wake = Waker()
+        # a native crash from here on leaves its report; only a crash (not a power cut) counts against a model
+        self.guard = guard = ModelGuard(cfg.state_dir, crashed=crashlog.arm(cfg.state_dir) is not None)
         try:
             self.state_lock = StateLock(cfg.state_dir)  # before anything is opened: one daemon per state_dir
             self.clock.check()  # before the first frame: is the wall clock to be trusted?
             self.spool = Spool(cfg.state_dir / "spool.db", cfg.spool, dead_letter_after=cfg.mqtt.dead_letter_after)
             self.spool.announce_gaps(gap_announcer(self.topics))
-            self.spool.start(on_death=self._fatal)
+            self.spool.start(on_death=self.fatal_death)
             self.status_server = StatusServer(cfg.status_socket, self.report.snapshot, cfg.status.mode)
             self.status_server.start()
             self.metrics = start_metrics(cfg.metrics, self.report.snapshot, self.report.histograms)
             if cfg.mqtt.enabled:  # secrets are read here: a bad key file stops edged before the models load
-                self.publisher = Publisher(cfg.mqtt, cfg.device_id, self.spool, self.mqtt_stats, on_death=self._fatal,
-                                           correct=self.clock.correct)  # fmt: skip
-                if cfg.mqtt.clock_topic:
-                    self.publisher.add_hook(ClockMessage(self.topics.clock, cfg.device_id, self.clock))
-                if cfg.mqtt.stats_interval_s:
-                    self.publisher.add_hook(StatsMessage(cfg.mqtt, cfg.device_id, self.report.snapshot))
-                if cfg.mqtt.replay_topic and self.spool.window.enabled:
-                    self.replay = ReplayRequests(self.spool.replay, cfg.device_id, self.topics.replay,
-                                                 cfg.mqtt.replay_max_bytes_per_hour)  # fmt: skip
-                    self.publisher.add_hook(self.replay)
-                self.controller = control_hooks(cfg, self.publisher, ControlPort(
-                    self.reloader, self.pipelines, self.report.snapshot, self.candidate_check), self.clock)  # fmt: skip
-                if (announce := discovery_hook(cfg, self.topics)) is not None:
-                    self.publisher.add_hook(announce)
-            models = load_models(self.pipelines, cfg.state_dir)
+                self.publisher, self.replay, self.controller = uplink(self, cfg, self.spool)
+            models = load_models(self.pipelines, cfg.state_dir, guard,
+                                 child_probe(self.model_probe, self.reloader.config_path))  # fmt: skip
         except EdgedError:
             self.publisher = None
             self._close_partial()
@@ -262,7 +280,8 @@ class Daemon:
         # the pipelines first: the first stats message and discovery on the connection describe their models
         # (results made meanwhile wait in the spool)
         for runner, model in zip(self.pipelines, models, strict=True):
-            runner.start(model, self.spool)
+            if model is not None:  # else set aside: its reason in status, the rest runs on
+                runner.start(model, self.spool)
         if self.controller is not None:
             self.controller.start()
         if self.publisher is not None:
@@ -302,7 +321,7 @@ class Daemon:
         self._reload_asked = True
         self._poke()
 
-    def _fatal(self, why: str) -> None:
+    def fatal_death(self, why: str) -> None:
         """A thread whose state cannot be resumed in-process died (the publisher, the spool's writer or its seq
         lease): stop, flushing what can be flushed, and exit 1 so that systemd starts edged afresh from the
         spool on disk (Restart=on-failure). Threads that heal in-process restart themselves (core/threads.py)."""
@@ -354,10 +373,11 @@ class Daemon:
                 if now >= due:
                     timers[i] = (now + every, every, act)
                     act()
-            for runner in self.pipelines:
+            started = [runner for runner in self.pipelines if runner.aside is None]
+            for runner in started:
                 if not runner.running():
                     runner.stop_source()  # a failed pipeline's source has nobody to feed
-            if not any(runner.running() for runner in self.pipelines):
+            if started and not any(runner.running() for runner in started):
                 log.info("every pipeline has ended; stopping")
                 return
 
@@ -368,6 +388,7 @@ class Daemon:
         timers: list[tuple[float, float, Callable[[], object]]] = [
             (now + LOG_EVERY_S, LOG_EVERY_S, lambda: log.info("%s", self.report.status_line())),
             (now + self.config.clock.check_s, self.config.clock.check_s, self.clock.check),
+            (now, PROVE_EVERY_S, self._prove_models),
         ]
         if self.controller is not None:  # the retained state follows health changes
             timers.append((now + STATUS_EVERY_S, STATUS_EVERY_S, self.controller.report_state))
@@ -428,6 +449,8 @@ class Daemon:
             self.left_in_spool = self.spool.depth
         self._close_partial(left(STOP_DEADLINE_S))
         if ran:
+            stopped_cleanly(self.guard, self.pipelines)
+            crashlog.disarm()
             log.info("edged stopped; %s", left_behind(self.left_in_spool, mqtt=self.config.mqtt.enabled))
 
 
@@ -455,5 +478,6 @@ def run_daemon(daemon: Daemon) -> int:
         daemon.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    failed = [runner.name for runner in daemon.pipelines if runner.stats.state == "failed"]
+    # a pipeline set aside at start is no reason to exit: systemd would start edged on the same models again
+    failed = [r.name for r in daemon.pipelines if r.stats.state == "failed" and r.aside is None]
     return 1 if failed or daemon.fatal else 0

@@ -300,6 +300,7 @@ def base_config(
 class DaemonProc:
     proc: subprocess.Popen[str]
     socket: Path
+    state: Path | None = None  # its state_dir: a fatal signal's stacks go to last-crash.txt there (ops/crashlog.py)
 
     def status(self) -> dict[str, Any] | None:
         from edged.core.errors import StatusError
@@ -324,7 +325,9 @@ class DaemonProc:
             # a hang: SIGABRT makes faulthandler (PYTHONFAULTHANDLER=1) print every thread's stack
             self.proc.send_signal(signal.SIGABRT)
             _, err = self.proc.communicate(timeout=30)
-            pytest.fail(f"the daemon did not stop within {timeout} s; its stderr and stacks:\n{err[-20000:]}")
+            crash = self.state / "last-crash.txt" if self.state is not None else None
+            stacks = crash.read_text(errors="replace") if crash is not None and crash.exists() else ""
+            pytest.fail(f"the daemon did not stop within {timeout} s; its stderr and stacks:\n{err[-20000:]}\n{stacks}")
         return self.proc.returncode, err
 
 
@@ -386,7 +389,7 @@ def start_daemon() -> Iterator[StartDaemon]:
             text=True,
             env={**(env or os.environ), "PYTHONFAULTHANDLER": "1"},
         )
-        d = DaemonProc(proc, Path(state) / "status.sock")
+        d = DaemonProc(proc, Path(state) / "status.sock", Path(state))
         procs.append(d)
         return d
 

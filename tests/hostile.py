@@ -5,8 +5,10 @@ test instead of the machine."""
 from __future__ import annotations
 
 import resource
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import onnx
@@ -23,6 +25,33 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "edged", *args],
         capture_output=True, text=True, timeout=120, check=False, preexec_fn=limit_memory,
     )  # fmt: skip
+
+
+def run_set_aside(config: Path, env: dict[str, str] | None = None, timeout: float = 120) -> tuple[int, list[str], str]:
+    """`edged run` on a config whose pipeline cannot start: the daemon runs on (a model it cannot use sets its
+    pipeline aside, pipeline/startup.py) and says why in status; stopped with SIGTERM. (exit code, the status
+    reasons seen, stderr)."""
+    import yaml
+
+    from edged.core.errors import StatusError
+    from edged.ops.status import query
+
+    state = Path(yaml.safe_load(config.read_text())["state_dir"])
+    proc = subprocess.Popen([sys.executable, "-m", "edged", "run", "--config", str(config)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    reasons: list[str] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and proc.poll() is None and not any("set aside" in r for r in reasons):
+            try:
+                reasons = list(query(state / "status.sock", timeout=1.0).get("reasons", []))
+            except StatusError:  # noqa: PERF203  (a poll until the daemon answers, not a hot path)
+                time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    return proc.returncode, reasons, err
 
 
 def alias_bomb() -> str:

@@ -29,7 +29,7 @@ def test_cores_are_shared_between_cpu_pipelines(tmp_path: Path) -> None:
 def test_two_cpu_pipelines_in_the_daemon_get_half_the_cores_each(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("edged.daemon.usable_cores", lambda: 4)
+    monkeypatch.setattr("edged.pipeline.startup.usable_cores", lambda: 4)
     video = make_video(tmp_path / "v.mp4", 3)
     daemon = Daemon(config_from_dict(two_pipelines(tmp_path, {"uri": str(video)}, {"uri": str(video)})))
     daemon.start()

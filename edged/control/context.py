@@ -42,6 +42,7 @@ class CommandContext:
     fetch_chunks: Callable[[str, int, float], Path]  # a model's retained chunks: (sha256, max bytes, timeout)
     stopping: threading.Event = field(default_factory=threading.Event)
     tap: FrameTap | None = None  # the tap a `record` waits on, while it waits
+    command: tuple[str, str | None] = ("", None)  # the running command's id and response topic (one at a time)
 
 
 Handler = Callable[[Any, CommandContext], tuple[bool, Any]]  # (its args model, the context) -> (ok, detail)

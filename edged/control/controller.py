@@ -37,6 +37,7 @@ from edged.control.gate import Command, CommandGate
 from edged.control.jobs import JobSlot
 from edged.control.settings import ControlConfig
 from edged.control.statereport import StateReporter
+from edged.control.trial import Recovered
 from edged.core.errors import CommandError, EdgedError
 from edged.core.threads import Restart, Supervised
 from edged.uplink.hooks import Hook, Incoming, Session
@@ -72,8 +73,10 @@ class Controller(Supervised, Hook):
         target: ControlTarget,
         side: SideSender | None,
         last_step: Callable[[], dict[str, float] | None] | None = None,
+        recovered: Recovered | None = None,
     ) -> None:
-        """`last_step()`: the device's latest wall-clock step (`by_s`, `at`), to say why a command is stale."""
+        """`last_step()`: the device's latest wall-clock step (`by_s`, `at`), to say why a command is stale;
+        `recovered`: a rollout's trial rolled back at this start (told once connected)."""
         # restarts after a death: the queue, the gate and its nonces are the object's, so a new body goes on
         # where the old one stopped (_take answers any one message's failure as `internal`: a death is a bug)
         super().__init__("edged-control", restart=Restart())
@@ -93,6 +96,7 @@ class Controller(Supervised, Hook):
         self._refusal_answers = TokenBucket(REFUSAL_ANSWERS_PER_S, burst=REFUSAL_ANSWERS_BURST)
         self.unanswered = 0
         self._last_step = last_step
+        self._recovered = recovered
         self._started_sent = False
         self._listening = False  # the broker granted the command subscriptions on the current connection
         self.rollouts = {"kept": 0, "rejected": 0, "rolled_back": 0}
@@ -146,6 +150,11 @@ class Controller(Supervised, Hook):
         if not self._started_sent:
             self._started_sent = True
             self.state.event("started", version=__version__)
+            if self._recovered is not None:  # a rollout the last run could not finish: rolled back at this start
+                tell_recovered(self.state, self._recovered)
+                with self._lock:
+                    self.rollouts["rolled_back"] += 1
+                self._recovered = None
         self.chunks.resubscribe()
         self.state.report(force=True)
 
@@ -235,6 +244,8 @@ class Controller(Supervised, Hook):
     ) -> None:
         """Run an admitted command and answer it (a job is over before its answer goes: whoever reads the answer
         may send the next command at once, and must not find this one still busy)."""
+        if job:  # one job at a time: the running one's id (a rollout's trial keeps it, control/trial.py)
+            self.context.command = (command.id, response_topic)
         try:
             try:
                 ok, detail = dispatch(command.name, command.args, self.context)
@@ -294,3 +305,17 @@ def stepped_note(step: dict[str, float] | None, max_age_s: float) -> str:
     ago = max(0.0, time.time() - float(step["at"]))
     return (f"; this device's clock stepped by {float(step['by_s']):+.0f} s {ago:.0f} s ago: a command signed "
             "before the step is measured against the new time (sign it again)")  # fmt: skip
+
+
+def tell_recovered(state: StateReporter, recovered: Recovered) -> None:
+    """A rollout the last run could not finish (it died during the watch), rolled back at this start: the event,
+    and the answer its command never got (`edged fleet rollout` may still wait for it)."""
+    t = recovered.trial
+    state.event("model_rolled_back", pipeline=t.pipeline, sha256=t.sha256, reason=recovered.why, at_start=True)
+    body = {"v": 1, "device": state.device_id, "ts": round(time.time(), 3), "event": "command", "cmd": "model",
+            "id": t.command_id or None, **recovered.answer()}  # fmt: skip
+    payload = json.dumps(body, default=str).encode("utf-8")
+    if state.side is not None:
+        if t.response_topic:
+            state.side.send(SideMessage(t.response_topic, payload))
+        state.side.send(SideMessage(state.replies_topic, payload))

@@ -32,9 +32,11 @@ from typing import Any, Protocol
 
 import yaml
 
+from edged.control import trial
 from edged.control.modelfetch import fetch_url, model_path
 from edged.control.remoteconfig import apply_remote_config
 from edged.control.rolloutspec import CandidateSpec, ModelArgs
+from edged.control.trial import Trial
 from edged.core.errors import CommandError
 from edged.core.signing import load_public_key, verify_file_digest
 from edged.pipeline.frametap import FrameTap, save_frames
@@ -66,6 +68,14 @@ class RolloutTarget(Protocol):
         """The config file the daemon runs from."""
         ...
 
+    def model_proved(self, pipeline: str, path: Path, sha256: str) -> None:
+        """The watch kept the model: it is the pipeline's last good model now (pipeline/lastgood.py)."""
+        ...
+
+    def kept_models(self) -> set[Path]:
+        """Model files kept as some pipeline's last good one."""
+        ...
+
     def frame_tap(self, pipeline: str | None) -> tuple[str, FrameTap]:
         """A pipeline's name and frame tap."""
         ...
@@ -88,8 +98,11 @@ class Rollout:
 
     def __init__(self, args: ModelArgs, *, target: RolloutTarget, public_keys: list[str], state_dir: Path,
                  max_bytes: int, event: Event, fetch_chunks: FetchChunks, stopping: threading.Event,
-                 ca_file: Path | None = None) -> None:  # fmt: skip
+                 ca_file: Path | None = None, command: tuple[str, str | None] = ("", None)) -> None:  # fmt: skip
+        """`command`: the rollout's command id and response topic (a crash's rollback answers it later)."""
         self.args = args
+        self.state_dir = state_dir
+        self.command = command
         self.target = target
         self.keys = [load_public_key(k) for k in public_keys]
         self.models = state_dir / "models"
@@ -122,16 +135,22 @@ class Rollout:
         candidate = self._fetch()
         report = self._check(current, candidate, tap)
         raw_path = _raw_model_path(config, self.pipeline)
-        self._swap(config, str(candidate), before)
-        # a motion-gated pipeline's rate follows the scene, not the model: there the watch looks at failures
-        # only (the check before the swap already compared the speed on the same frames)
-        gated = self.target.pipeline_config(self.pipeline).motion.enabled
-        regression = self._watch(0.0 if gated else float(before.get("fps") or 0.0))
+        on_trial = Trial(self.pipeline, a.sha256, str(candidate), raw_path, before.get("model", {}).get("sha256"),
+                         self.command[0], self.command[1], time.time(), a.watch_s)  # fmt: skip
+        trial.begin(self.state_dir, on_trial)  # before the swap: a crash from here on is rolled back at start
+        try:
+            regression = self._swap_and_watch(config, str(candidate), before)
+        except CommandError as exc:  # the swap's reload failed, and was undone
+            trial.end(self.state_dir, on_trial, exc.reason, str(exc))
+            raise
         if regression is not None:
             self._swap(config, raw_path, None)
             self.step("model_rolled_back", reason=regression)
+            trial.end(self.state_dir, on_trial, "rolled_back", regression)
             raise CommandError("rolled_back", f"rolled back: {regression}", {"check": report})
         self.step("model_kept")
+        trial.end(self.state_dir, on_trial, "kept")
+        self.target.model_proved(self.pipeline, candidate, a.sha256)
         self._tidy(candidate, current)
         return True, {"pipeline": self.pipeline, "result": "kept", "sha256": a.sha256, "previous": str(current),
                       "check": report}  # fmt: skip
@@ -192,6 +211,14 @@ class Rollout:
             raise CommandError(reason, f"the new model was not swapped in: {why}", {"check": report})
         return report
 
+    def _swap_and_watch(self, config: Path, path: str, before: dict[str, Any]) -> str | None:
+        """Swap the new model in and watch it; what regressed, or None."""
+        self._swap(config, path, before)
+        # a motion-gated pipeline's rate follows the scene, not the model: there the watch looks at failures
+        # only (the check before the swap already compared the speed on the same frames)
+        gated = self.target.pipeline_config(self.pipeline).motion.enabled
+        return self._watch(0.0 if gated else float(before.get("fps") or 0.0))
+
     def _swap(self, config: Path, path: str, before: dict[str, Any] | None) -> None:
         """Point the pipeline at `path` and reload (`before` None: this is the rollback)."""
         patch = {"pipelines": [{"name": self.pipeline, "model": {"path": path}}]}
@@ -233,8 +260,9 @@ class Rollout:
             fetched = sorted(self.models.glob("*.onnx"), key=lambda p: p.stat().st_mtime, reverse=True)
         except OSError:
             return
+        kept = self.target.kept_models()
         for path in fetched[KEEP_MODELS:]:
-            if path not in (keep, previous):
+            if path not in (keep, previous) and path not in kept:
                 path.unlink(missing_ok=True)
 
 

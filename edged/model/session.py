@@ -227,6 +227,8 @@ def load_model(cfg: ModelConfig, state_dir: Path, *, cores: int | None = None) -
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
+    for library in cfg.custom_ops:  # native code, loaded into this process (pipeline/lastgood.py guards it)
+        opts.register_custom_ops_library(str(library))
     if TENSORRT in chosen:
         trtcache.prepare_dir(cfg, state_dir, sha)
     providers = [(p, provider_options(cfg, p, state_dir, sha)) for p in chosen]

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from edged.core.settings import Strict, from_config_dir, is_file, look_up
+from edged.core.settings import Duration, Strict, from_config_dir, is_file, look_up
 from edged.model.feeds import ModelInput
 
 DEFAULT_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -55,6 +55,17 @@ class ModelConfig(Strict):
     provider_options: dict[str, dict[str, str | int | float | bool]] = Field(
         default_factory=dict, description="Extra options per provider, passed through as given."
     )
+    proven_after_s: Duration = Field(
+        60.0,
+        description="A model that ran this long (and gave at least 10 results, without a failure) becomes the "
+        "pipeline's last good model, kept under <state_dir>/models/ for a start whose model cannot run.",
+    )
+    custom_ops: list[Path] = Field(
+        default_factory=list,
+        description="Libraries of custom operators ONNX Runtime loads for this model (for example "
+        "onnxruntime-extensions' library); relative paths are relative to the config file. Native code: a model "
+        "that crashes in it is set aside at the next start (docs/models.md).",
+    )
 
     @field_validator("path")
     @classmethod
@@ -66,6 +77,17 @@ class ModelConfig(Strict):
         if not is_file(found):
             raise ValueError(f"model path is not a file: {path}")
         return path
+
+    @field_validator("custom_ops")
+    @classmethod
+    def _libraries_exist(cls, value: list[Path], info: ValidationInfo) -> list[Path]:
+        out = []
+        for lib in value:
+            path = from_config_dir(lib, (info.context or {}).get("base_dir"))
+            if not is_file(look_up(path, "the custom operator library")):
+                raise ValueError(f"custom operator library not found: {path}")
+            out.append(path)
+        return out
 
     @field_validator("providers")
     @classmethod

@@ -156,6 +156,27 @@ CATALOG: tuple[Reason, ...] = (
     ),
     Reason(
         "model",
+        _P + r"failed: set aside: its model .+",
+        "pipeline cam0 failed: set aside: its model cannot be loaded: cannot load model "
+        "/var/lib/edged/models/yard.onnx: ...; no earlier model ran cleanly here",
+        "At start this pipeline's model could not be loaded, or it had died with the daemon twice before it ran "
+        "cleanly (a native crash in ONNX Runtime), and no earlier model of this pipeline ever ran cleanly here. The "
+        "pipeline does not run; the other pipelines, the spool, the uplink and remote control do.",
+        "Fix or replace the model (`edged check-config`, `edged inspect MODEL`), then restart edged; remote control "
+        "still works (`edged fleet send config`, a rollout).",
+    ),
+    Reason(
+        "model",
+        _P + r"runs its last good model \([0-9a-f]{12}\): .+",
+        "pipeline cam0 runs its last good model (3f2a9c0d11e4): its model cannot be loaded: cannot load model "
+        "/var/lib/edged/models/yard-v8.onnx: ...",
+        "The configured model could not run at start (it does not load, or it died with the daemon before it ran "
+        "cleanly); the pipeline runs the last model that ran cleanly here (kept under `<state_dir>/models/`).",
+        "Fix or replace the configured model and restart (or reload); until then results come from the older "
+        "model, and say so (`model.sha256` in each result).",
+    ),
+    Reason(
+        "model",
         _P + r"refused \d+ result\(s\) in the last \d+ s, not published: .+",
         "pipeline cam0 refused 12 result(s) in the last 60 s, not published: detect: the model gave classes [2] "
         "beyond its 2 labels (person, car)",
@@ -372,6 +393,7 @@ def pipeline_reasons(runners: Sequence[PipelineRunner]) -> list[str]:
         for runner in runners
         if runner.stats.state in ("reconnecting", "failed", "waiting")  # waiting: a sensor sends no data
     ]
+    out += [f"pipeline {runner.name} {runner.fallback}" for runner in runners if runner.fallback]
     for runner in runners:
         refused, why = runner.stats.refused_recently()
         if refused:

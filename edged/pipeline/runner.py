@@ -97,6 +97,8 @@ class PipelineRunner:
         self.cores: int | None = None  # this pipeline's share of the CPU cores
         self.model_stat: FileStat | None = None  # the model file in use
         self.seen_stat: FileStat | None = None  # what the last poll saw (a swap waits for it to settle)
+        self.fallback: str | None = None  # "runs its last good model (...): why" (lastgood.py), a status reason
+        self.aside: str | None = None  # set aside at start: no model it could run (lastgood.py)
 
     @property
     def name(self) -> str:

@@ -72,6 +72,7 @@ class Listener:
         self._changed = threading.Event()  # connected, disconnected, or a subscription added
         self._client: paho.Client | None = None
         self._asked: dict[int, list[_Subscription]] = {}
+        self._early: dict[int, bool] = {}  # a SUBACK that beat subscribe()'s return (paho's thread is quick)
 
     def subscribe(
         self, filters: list[str], granted: Granted, on_message: Callable[[Incoming], None], *, budget: bool = True
@@ -171,9 +172,15 @@ class Listener:
         if not filters:
             return
         _, mid = client.subscribe(filters)
-        if mid is not None:
-            with self._lock:
+        if mid is None:
+            return
+        with self._lock:
+            early = self._early.pop(mid, None)
+            if early is None:
                 self._asked[mid] = subs
+        if early is not None:
+            for sub in subs:
+                sub.granted(early)
 
     # -- paho's thread: record and wake ------------------------------------------------------------------
 
@@ -194,7 +201,10 @@ class Listener:
     def _on_subscribe(self, mid: int, reasons: list[Any]) -> None:
         ok = not any(getattr(r, "is_failure", False) for r in reasons)
         with self._lock:
-            subs = self._asked.pop(mid, [])
+            subs = self._asked.pop(mid, None)
+            if subs is None:
+                self._early[mid] = ok
+                subs = []
         if not ok:
             log.error("mqtt: the broker refused a subscription of %s: %s", self.name, reasons)
         for sub in subs:
@@ -217,6 +227,7 @@ class Listener:
             was, self.connected = self.connected, False
             subs = list(self._subs)
             self._asked.clear()
+            self._early.clear()
         if was:
             for sub in subs:
                 sub.granted(None)

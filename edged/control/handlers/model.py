@@ -15,5 +15,5 @@ from edged.control.rolloutspec import ModelArgs
 def model(args: ModelArgs, ctx: CommandContext) -> tuple[bool, Any]:
     rollout = Rollout(args, target=ctx.target, public_keys=ctx.cfg.public_keys, state_dir=ctx.state_dir,
                       max_bytes=ctx.cfg.model_max_bytes, event=ctx.event, fetch_chunks=ctx.fetch_chunks,
-                      stopping=ctx.stopping, ca_file=ctx.cfg.model_ca_file)  # fmt: skip
+                      stopping=ctx.stopping, ca_file=ctx.cfg.model_ca_file, command=ctx.command)  # fmt: skip
     return rollout.run()
